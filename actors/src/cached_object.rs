@@ -1,0 +1,565 @@
+//! One key's cache: the store, the event window and its progress RV, fed by a source,
+//! serving reads and feeding watchers.
+//!
+//! The actor only holds state and passes messages: what to emit for a list or an event is
+//! decided in `core` (`relist::diff`, `window`, `rv`, `bookmark`). It is the only writer of
+//! its store, as kube-rs's reflector `Writer`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use serde_json::Value;
+use thiserror::Error;
+use tokio::sync::oneshot;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::config::CacheConfig;
+use crate::core::bookmark::{next_bookmark_time, BookmarkTimer};
+use crate::core::event::StoreEvent;
+use crate::core::filter::EventType;
+use crate::core::key::Key;
+use crate::core::relist;
+use crate::core::rv::WatchPlan;
+use crate::core::store::Store;
+use crate::core::window::{self, Window};
+use crate::metrics as m;
+use crate::source::{SourceCmd, SourceFactory, SourceHandle, SourceMsg};
+use crate::watcher::{self, Watcher};
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// The key did not complete its first list in time (upstream down or slow).
+    #[error("the cache for {key} is not synced yet")]
+    NotSynced { key: String },
+    /// As 1.20's `waitUntilFreshAndBlock`: the key did not reach the RV within the block
+    /// timeout (HTTP 504, retry after 1 s).
+    #[error("Too large resource version: {requested}, current: {current}")]
+    TooLargeResourceVersion { requested: u64, current: u64 },
+    /// The key is stopping; the caller should retry (it gets a new CachedObject).
+    #[error("the cache for {key} is shutting down")]
+    Stopping { key: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What the registry and `/debug/keys` can see of a key without a message round trip.
+#[derive(Debug, Default)]
+pub struct KeyStatus {
+    pub progress: AtomicU64,
+    pub synced: AtomicBool,
+    pub objects: AtomicUsize,
+    pub watchers: AtomicUsize,
+}
+
+/// A consistent view of a key for a list or get.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub objects: Vec<Arc<Value>>,
+    /// The key's progress RV when the snapshot was taken (the list's resourceVersion).
+    pub rv: u64,
+}
+
+/// Read the key once it is synced and at least `min_rv` fresh.
+pub struct Read {
+    pub min_rv: u64,
+}
+
+impl Message for Read {
+    type Result = Result<Snapshot>;
+}
+
+/// Register a watcher; its first message back is `watcher::Start` or `watcher::Expired`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Subscribe {
+    pub id: u64,
+    pub addr: Addr<Watcher>,
+    pub plan: WatchPlan,
+    pub allow_bookmarks: bool,
+    pub deadline: Option<Instant>,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Unsubscribe {
+    pub id: u64,
+}
+
+/// Stop the key (sent by the registry after the grace period): watchers are closed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Stop;
+
+/// Close every watcher gracefully (shutdown drain): a last bookmark where allowed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Drain;
+
+struct WatcherEntry {
+    addr: Addr<Watcher>,
+    allow_bookmarks: bool,
+    deadline_ms: Option<u64>,
+}
+
+enum Waiter {
+    Read(oneshot::Sender<Result<Snapshot>>),
+    Watch(Subscribe),
+}
+
+struct Pending {
+    min_rv: u64,
+    /// Give up at this time: not synced, or not fresh enough.
+    deadline: Instant,
+    started: Instant,
+    waiter: Waiter,
+}
+
+pub struct CachedObject {
+    key: Key,
+    cfg: Arc<CacheConfig>,
+    sources: Arc<dyn SourceFactory>,
+    source: Option<SourceHandle>,
+    status: Arc<KeyStatus>,
+    store: Store,
+    window: Window,
+    progress: u64,
+    synced: bool,
+    seq: u64,
+    watchers: HashMap<u64, WatcherEntry>,
+    bookmarks: BookmarkTimer<u64>,
+    pending: Vec<Pending>,
+    probe_in_flight: bool,
+    epoch: Instant,
+    labels: [(&'static str, String); 2],
+}
+
+impl CachedObject {
+    pub fn new(
+        key: Key,
+        cfg: Arc<CacheConfig>,
+        sources: Arc<dyn SourceFactory>,
+        status: Arc<KeyStatus>,
+    ) -> Self {
+        let window = Window::new(cfg.window_capacity);
+        let labels = [
+            ("group", key.resource.group.clone()),
+            ("resource", key.resource.resource.clone()),
+        ];
+        CachedObject {
+            key,
+            cfg,
+            sources,
+            source: None,
+            status,
+            store: Store::new(),
+            window,
+            progress: 0,
+            synced: false,
+            seq: 0,
+            watchers: HashMap::new(),
+            bookmarks: BookmarkTimer::default(),
+            pending: Vec::new(),
+            probe_in_flight: false,
+            epoch: Instant::now(),
+            labels,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn set_progress(&mut self, rv: u64) {
+        if rv > self.progress {
+            self.progress = rv;
+            self.status.progress.store(rv, Ordering::Relaxed);
+        }
+    }
+
+    fn on_listed(&mut self, items: Vec<Value>, rv: u64) {
+        self.probe_in_flight = false;
+        let before_objects = self.store.len();
+        let before_window = self.window.len();
+        if !self.synced {
+            for item in items {
+                self.store.upsert(Arc::new(item));
+            }
+            self.window.reset(rv);
+            self.synced = true;
+            self.status.synced.store(true, Ordering::Relaxed);
+            self.progress = 0;
+            self.set_progress(rv);
+            tracing::debug!(key = %self.key, rv, objects = self.store.len(), "key synced");
+        } else if rv >= self.progress {
+            let changes = relist::diff(&self.store, items, rv);
+            if !changes.is_empty() {
+                // The key missed events: the window cannot replay the span the relist
+                // skipped, so cut it; watchers that resume inside the span get 410.
+                tracing::info!(key = %self.key, rv, changes = changes.len(), "relist found changes; emitting synthetic events");
+                metrics::counter!(m::RELIST_EVENTS, &self.labels).increment(changes.len() as u64);
+                self.window.reset(rv);
+                for c in changes {
+                    match c.kind {
+                        EventType::Deleted => {
+                            self.store.remove(&c.object);
+                        }
+                        EventType::Added | EventType::Modified => {
+                            self.store.upsert(c.object.clone());
+                        }
+                    }
+                    self.seq += 1;
+                    let ev = Arc::new(StoreEvent::new(self.seq, c.rv, c.kind, c.object, c.prev));
+                    self.dispatch(&ev);
+                }
+            }
+            self.set_progress(rv);
+        }
+        self.account(before_objects, before_window);
+        self.serve_pending();
+    }
+
+    fn on_event(&mut self, kind: EventType, object: Value, rv: u64) {
+        metrics::counter!(m::EVENTS_RECEIVED, &self.labels).increment(1);
+        // A list (relist or probe) already reflected anything at or below the progress RV.
+        if !self.synced || rv <= self.progress {
+            return;
+        }
+        let before_objects = self.store.len();
+        let before_window = self.window.len();
+        let object = Arc::new(object);
+        let prev = match kind {
+            EventType::Deleted => self.store.remove(&object),
+            EventType::Added | EventType::Modified => self.store.upsert(object.clone()),
+        };
+        self.seq += 1;
+        let ev = Arc::new(StoreEvent::new(self.seq, rv, kind, object, prev));
+        self.window.push(ev.clone());
+        self.set_progress(rv);
+        self.dispatch(&ev);
+        self.account(before_objects, before_window);
+        self.serve_pending();
+    }
+
+    fn account(&self, objects_before: usize, window_before: usize) {
+        let d_obj = self.store.len() as f64 - objects_before as f64;
+        let d_win = self.window.len() as f64 - window_before as f64;
+        if d_obj != 0.0 {
+            metrics::gauge!(m::CACHED_OBJECTS).increment(d_obj);
+            self.status.objects.store(self.store.len(), Ordering::Relaxed);
+        }
+        if d_win != 0.0 {
+            metrics::gauge!(m::WINDOW_EVENTS).increment(d_win);
+        }
+    }
+
+    /// Non-blocking add to every watcher, as `dispatchEvent`'s `nonblockingAdd`; a watcher
+    /// whose mailbox is full is closed rather than allowed to slow the key down.
+    fn dispatch(&mut self, ev: &Arc<StoreEvent>) {
+        let mut slow = Vec::new();
+        for (id, w) in &self.watchers {
+            match w.addr.try_send(watcher::Dispatch(ev.clone())) {
+                Ok(()) => {}
+                Err(SendError::Full(_)) => slow.push(*id),
+                // Already stopping; its Unsubscribe is on the way.
+                Err(SendError::Closed(_)) => {}
+            }
+        }
+        for id in slow {
+            self.terminate(id);
+        }
+    }
+
+    fn terminate(&mut self, id: u64) {
+        if let Some(w) = self.watchers.remove(&id) {
+            self.status.watchers.store(self.watchers.len(), Ordering::Relaxed);
+            metrics::counter!(m::TERMINATED_WATCHERS, &self.labels).increment(1);
+            tracing::warn!(key = %self.key, watcher = id, "closing unresponsive watcher: its buffer is full");
+            w.addr.do_send(watcher::Close {
+                reason: watcher::CloseReason::TooSlow,
+            });
+        }
+    }
+
+    fn serve_pending(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let pending = std::mem::take(&mut self.pending);
+        let mut wants_probe = false;
+        for p in pending {
+            if self.synced && self.progress >= p.min_rv {
+                metrics::histogram!(m::READ_WAIT, &self.labels)
+                    .record(p.started.elapsed().as_secs_f64());
+                match p.waiter {
+                    Waiter::Read(tx) => {
+                        let _ = tx.send(Ok(self.snapshot()));
+                    }
+                    Waiter::Watch(sub) => self.activate(sub),
+                }
+            } else if now >= p.deadline {
+                let err = if self.synced {
+                    Error::TooLargeResourceVersion {
+                        requested: p.min_rv,
+                        current: self.progress,
+                    }
+                } else {
+                    Error::NotSynced {
+                        key: self.key.to_string(),
+                    }
+                };
+                match p.waiter {
+                    Waiter::Read(tx) => {
+                        let _ = tx.send(Err(err));
+                    }
+                    Waiter::Watch(sub) => sub.addr.do_send(watcher::Failed { error: err }),
+                }
+            } else {
+                wants_probe |= self.synced;
+                self.pending.push(p);
+            }
+        }
+        if wants_probe {
+            self.probe();
+        }
+    }
+
+    /// Ask the source to establish progress with a consistent list: a 1.20 upstream sends
+    /// bookmarks only shortly before a watch's timeout, so a quiet key's progress lags.
+    fn probe(&mut self) {
+        if self.probe_in_flight {
+            return;
+        }
+        if let Some(src) = &self.source {
+            if src.commands.try_send(SourceCmd::Probe).is_ok() {
+                self.probe_in_flight = true;
+            }
+        }
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            objects: self.store.snapshot(),
+            rv: self.progress,
+        }
+    }
+
+    fn wait(&mut self, min_rv: u64, waiter: Waiter) {
+        let now = Instant::now();
+        let timeout = if self.synced {
+            self.cfg.block_timeout()
+        } else {
+            self.cfg.sync_timeout()
+        };
+        self.pending.push(Pending {
+            min_rv,
+            deadline: now + timeout,
+            started: now,
+            waiter,
+        });
+        if self.synced {
+            self.probe();
+        }
+    }
+
+    fn activate(&mut self, sub: Subscribe) {
+        let start = if sub.plan.initial_events {
+            watcher::Start {
+                initial: self.store.snapshot(),
+                initial_rv: self.progress,
+                end_bookmark: sub.plan.initial_events_end_bookmark,
+                replay: Vec::new(),
+                floor: sub.plan.from_rv,
+                start_seq: self.seq,
+            }
+        } else {
+            match self.window.since(sub.plan.from_rv) {
+                Ok(replay) => watcher::Start {
+                    initial: Vec::new(),
+                    initial_rv: self.progress,
+                    end_bookmark: false,
+                    replay,
+                    floor: sub.plan.from_rv,
+                    start_seq: self.seq,
+                },
+                Err(window::Error::Expired { requested, oldest }) => {
+                    metrics::counter!(m::EXPIRED_WATCHES, &self.labels).increment(1);
+                    sub.addr.do_send(watcher::Expired { requested, oldest });
+                    return;
+                }
+            }
+        };
+        // The Start message is a one-off control message; later events are try_send'ed.
+        sub.addr.do_send(start);
+        let now = self.now_ms();
+        let deadline_ms = sub
+            .deadline
+            .map(|d| now + d.saturating_duration_since(Instant::now()).as_millis() as u64);
+        if sub.allow_bookmarks {
+            let freq = self.cfg.bookmark_frequency().as_millis() as u64;
+            if let Some(due) = next_bookmark_time(now, deadline_ms, freq) {
+                self.bookmarks.schedule(sub.id, due);
+            }
+        }
+        self.watchers.insert(
+            sub.id,
+            WatcherEntry {
+                addr: sub.addr,
+                allow_bookmarks: sub.allow_bookmarks,
+                deadline_ms,
+            },
+        );
+        self.status
+            .watchers
+            .store(self.watchers.len(), Ordering::Relaxed);
+    }
+
+    /// One timer per key: bookmarks to due watchers, then expired waits.
+    fn tick(&mut self) {
+        let now = self.now_ms();
+        let freq = self.cfg.bookmark_frequency().as_millis() as u64;
+        for id in self.bookmarks.pop_due(now) {
+            let Some(w) = self.watchers.get(&id) else {
+                continue;
+            };
+            if !w.allow_bookmarks {
+                continue;
+            }
+            let _ = w.addr.try_send(watcher::Bookmark { rv: self.progress });
+            if let Some(due) = next_bookmark_time(now, w.deadline_ms, freq) {
+                self.bookmarks.schedule(id, due);
+            }
+        }
+        self.serve_pending();
+    }
+}
+
+impl Actor for CachedObject {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        metrics::gauge!(m::CACHED_KEYS).increment(1.0);
+        let (handle, events) = self.sources.start(&self.key);
+        self.source = Some(handle);
+        ctx.add_stream(ReceiverStream::new(events));
+        ctx.run_interval(Duration::from_millis(250), |act, _| act.tick());
+    }
+
+    fn stopped(&mut self, _ctx: &mut Self::Context) {
+        metrics::gauge!(m::CACHED_KEYS).decrement(1.0);
+        metrics::gauge!(m::CACHED_OBJECTS).decrement(self.store.len() as f64);
+        metrics::gauge!(m::WINDOW_EVENTS).decrement(self.window.len() as f64);
+        for (_, w) in self.watchers.drain() {
+            w.addr.do_send(watcher::Close {
+                reason: watcher::CloseReason::KeyStopped,
+            });
+        }
+        for p in self.pending.drain(..) {
+            let err = Error::Stopping {
+                key: self.key.to_string(),
+            };
+            match p.waiter {
+                Waiter::Read(tx) => {
+                    let _ = tx.send(Err(err));
+                }
+                Waiter::Watch(sub) => sub.addr.do_send(watcher::Failed { error: err }),
+            }
+        }
+        // Dropping the handle aborts the source task (and its upstream watch).
+        self.source = None;
+        tracing::debug!(key = %self.key, "key stopped");
+    }
+}
+
+impl StreamHandler<SourceMsg> for CachedObject {
+    fn handle(&mut self, msg: SourceMsg, _ctx: &mut Self::Context) {
+        match msg {
+            SourceMsg::Listed { items, rv } => self.on_listed(items, rv),
+            SourceMsg::Event { kind, object, rv } => self.on_event(kind, object, rv),
+            SourceMsg::Progress { rv } => {
+                self.set_progress(rv);
+                self.serve_pending();
+            }
+            SourceMsg::Unhealthy { error } => {
+                // Reads keep being served from what is cached; a probe in flight is lost.
+                self.probe_in_flight = false;
+                tracing::debug!(key = %self.key, %error, "source unhealthy");
+            }
+        }
+    }
+
+    // The default `finished` stops the actor; a source only ends when it is dropped, and
+    // the key's lifetime belongs to the registry, so do nothing here.
+    fn finished(&mut self, _ctx: &mut Self::Context) {}
+}
+
+impl Handler<Read> for CachedObject {
+    type Result = ResponseFuture<Result<Snapshot>>;
+
+    fn handle(&mut self, msg: Read, _ctx: &mut Self::Context) -> Self::Result {
+        if self.synced && self.progress >= msg.min_rv {
+            let snap = self.snapshot();
+            return Box::pin(async move { Ok(snap) });
+        }
+        let (tx, rx) = oneshot::channel();
+        self.wait(msg.min_rv, Waiter::Read(tx));
+        let key = self.key.to_string();
+        Box::pin(async move { rx.await.unwrap_or(Err(Error::Stopping { key })) })
+    }
+}
+
+impl Handler<Subscribe> for CachedObject {
+    type Result = ();
+
+    fn handle(&mut self, sub: Subscribe, _ctx: &mut Self::Context) {
+        // A watch with initial events needs a state at least as fresh as its RV; a plain
+        // watch from N newer than the progress is accepted at once and waits for events
+        // newer than N, as 1.20 does.
+        let min_rv = if sub.plan.initial_events {
+            sub.plan.from_rv
+        } else {
+            0
+        };
+        if self.synced && self.progress >= min_rv {
+            self.activate(sub);
+        } else {
+            self.wait(min_rv, Waiter::Watch(sub));
+        }
+    }
+}
+
+impl Handler<Unsubscribe> for CachedObject {
+    type Result = ();
+
+    fn handle(&mut self, msg: Unsubscribe, _ctx: &mut Self::Context) {
+        if self.watchers.remove(&msg.id).is_some() {
+            self.status
+                .watchers
+                .store(self.watchers.len(), Ordering::Relaxed);
+        }
+    }
+}
+
+impl Handler<Stop> for CachedObject {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Stop, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}
+
+impl Handler<Drain> for CachedObject {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Drain, _ctx: &mut Self::Context) {
+        for (_, w) in self.watchers.drain() {
+            w.addr.do_send(watcher::Close {
+                reason: watcher::CloseReason::Draining { rv: self.progress },
+            });
+        }
+        self.status.watchers.store(0, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,240 @@
+//! Keys and routing: which upstream list+watch (a *key*) serves a downstream request.
+//!
+//! A key is one upstream list+watch, as the kubelet's watch-based manager runs one
+//! reflector per referenced object. Label selectors and the remaining field selectors are
+//! filters inside the watcher and never create keys, so many clients share one key.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::core::selector::FieldSelector;
+
+/// A resource kcache caches: `group/version/resource` plus what it needs to build paths
+/// and bookmark objects.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ResourceType {
+    /// "" for the core group.
+    pub group: String,
+    pub version: String,
+    /// Plural, lower-case (`secrets`).
+    pub resource: String,
+    /// `Secret`; used for bookmark objects and list kinds (`SecretList`).
+    pub kind: String,
+    pub namespaced: bool,
+}
+
+impl ResourceType {
+    pub fn new(group: &str, version: &str, resource: &str, kind: &str, namespaced: bool) -> Self {
+        ResourceType {
+            group: group.into(),
+            version: version.into(),
+            resource: resource.into(),
+            kind: kind.into(),
+            namespaced,
+        }
+    }
+
+    /// `v1` for core, else `group/version`.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// `/api/v1` for core, else `/apis/group/version`.
+    pub fn group_version_path(&self) -> String {
+        if self.group.is_empty() {
+            format!("/api/{}", self.version)
+        } else {
+            format!("/apis/{}/{}", self.group, self.version)
+        }
+    }
+
+    /// The collection path, in a namespace when given and the resource is namespaced.
+    pub fn collection_path(&self, namespace: Option<&str>) -> String {
+        match namespace {
+            Some(ns) if self.namespaced => format!(
+                "{}/namespaces/{}/{}",
+                self.group_version_path(),
+                ns,
+                self.resource
+            ),
+            _ => format!("{}/{}", self.group_version_path(), self.resource),
+        }
+    }
+}
+
+/// What part of a resource one key covers.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    /// Every object of the resource.
+    Cluster,
+    /// Every object in one namespace.
+    Namespace(String),
+    /// One object by name (`fieldSelector=metadata.name=X` upstream, as the kubelet does);
+    /// `namespace` is `None` for cluster-scoped resources or a cluster-wide name selector.
+    Name {
+        namespace: Option<String>,
+        name: String,
+    },
+    /// Pods bound to one node (`fieldSelector=spec.nodeName=X`, the kubelet's own pod watch).
+    Node(String),
+}
+
+/// One upstream list+watch.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Key {
+    pub resource: Arc<ResourceType>,
+    pub scope: Scope,
+}
+
+impl Key {
+    pub fn new(resource: Arc<ResourceType>, scope: Scope) -> Self {
+        Key { resource, scope }
+    }
+
+    /// The namespace whose collection the upstream list+watch reads, if any.
+    pub fn namespace(&self) -> Option<&str> {
+        match &self.scope {
+            Scope::Namespace(ns) => Some(ns),
+            Scope::Name { namespace, .. } => namespace.as_deref(),
+            Scope::Cluster | Scope::Node(_) => None,
+        }
+    }
+
+    /// The path the upstream list and watch are sent to (without query).
+    pub fn upstream_path(&self) -> String {
+        self.resource.collection_path(self.namespace())
+    }
+
+    /// The field selector sent upstream; `None` for namespace and cluster keys.
+    pub fn upstream_field_selector(&self) -> Option<String> {
+        match &self.scope {
+            Scope::Name { name, .. } => Some(format!("metadata.name={name}")),
+            Scope::Node(node) => Some(format!("spec.nodeName={node}")),
+            Scope::Cluster | Scope::Namespace(_) => None,
+        }
+    }
+
+    /// Name keys of Secrets and ConfigMaps may stop watching once their object is
+    /// immutable, as the kubelet's watch-based manager does.
+    pub fn may_hold_immutable(&self) -> bool {
+        self.resource.group.is_empty()
+            && matches!(self.resource.resource.as_str(), "secrets" | "configmaps")
+            && matches!(self.scope, Scope::Name { .. })
+    }
+}
+
+/// The key as an API path, as `/debug/keys` shows it: the upstream watch's path, with the
+/// name as last segment for name keys and the node selector as a query for node keys.
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.scope {
+            Scope::Name { name, .. } => write!(f, "{}/{}", self.upstream_path(), name),
+            Scope::Node(node) => write!(
+                f,
+                "{}?fieldSelector=spec.nodeName={}",
+                self.upstream_path(),
+                node
+            ),
+            Scope::Cluster | Scope::Namespace(_) => f.write_str(&self.upstream_path()),
+        }
+    }
+}
+
+/// Picks the key for a request. `name` is the object name of a GET by name; `field` the
+/// request's field selector. A `metadata.name` equality makes a name key (the kubelet's
+/// single-object watch); a cluster-wide pod list with a `spec.nodeName` equality makes a
+/// node key; otherwise the namespace or the whole cluster.
+pub fn route(
+    resource: &Arc<ResourceType>,
+    namespace: Option<&str>,
+    name: Option<&str>,
+    field: &FieldSelector,
+) -> Key {
+    let namespace = namespace.filter(|_| resource.namespaced).map(str::to_string);
+    let scope = if let Some(name) = name.or_else(|| field.equality_value("metadata.name")) {
+        Scope::Name {
+            namespace,
+            name: name.to_string(),
+        }
+    } else if let (None, true, Some(node)) = (
+        &namespace,
+        resource.group.is_empty() && resource.resource == "pods",
+        field.equality_value("spec.nodeName"),
+    ) {
+        Scope::Node(node.to_string())
+    } else if let Some(ns) = namespace {
+        Scope::Namespace(ns)
+    } else {
+        Scope::Cluster
+    };
+    Key::new(resource.clone(), scope)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secrets() -> Arc<ResourceType> {
+        Arc::new(ResourceType::new("", "v1", "secrets", "Secret", true))
+    }
+    fn pods() -> Arc<ResourceType> {
+        Arc::new(ResourceType::new("", "v1", "pods", "Pod", true))
+    }
+    fn namespaces() -> Arc<ResourceType> {
+        Arc::new(ResourceType::new("", "v1", "namespaces", "Namespace", false))
+    }
+    fn fs(s: &str) -> FieldSelector {
+        FieldSelector::parse(s).expect("valid selector")
+    }
+
+    #[test]
+    fn routing_table() {
+        let cases: Vec<(Arc<ResourceType>, Option<&str>, Option<&str>, &str, &str)> = vec![
+            (secrets(), Some("a"), Some("s1"), "", "/api/v1/namespaces/a/secrets/s1"),
+            (secrets(), Some("a"), None, "metadata.name=s1", "/api/v1/namespaces/a/secrets/s1"),
+            (secrets(), Some("a"), None, "metadata.name=s1,type=Opaque", "/api/v1/namespaces/a/secrets/s1"),
+            (secrets(), None, None, "metadata.name=s1", "/api/v1/secrets/s1"),
+            (secrets(), Some("a"), None, "type=Opaque", "/api/v1/namespaces/a/secrets"),
+            (secrets(), Some("a"), None, "metadata.name!=s1", "/api/v1/namespaces/a/secrets"),
+            (secrets(), None, None, "", "/api/v1/secrets"),
+            (pods(), None, None, "spec.nodeName=n1", "/api/v1/pods?fieldSelector=spec.nodeName=n1"),
+            // A node selector inside a namespace stays a namespace key with a filter.
+            (pods(), Some("a"), None, "spec.nodeName=n1", "/api/v1/namespaces/a/pods"),
+            (secrets(), None, None, "spec.nodeName=n1", "/api/v1/secrets"),
+            (namespaces(), None, Some("kube-system"), "", "/api/v1/namespaces/kube-system"),
+            // A namespace on a cluster-scoped resource is ignored, as the API path has none.
+            (namespaces(), Some("x"), None, "", "/api/v1/namespaces"),
+        ];
+        for (res, ns, name, sel, want) in cases {
+            let key = route(&res, ns, name, &fs(sel));
+            assert_eq!(key.to_string(), want, "{ns:?} {name:?} {sel:?}");
+        }
+    }
+
+    #[test]
+    fn upstream_request_of_each_scope() {
+        let k = route(&secrets(), Some("a"), Some("s1"), &fs(""));
+        assert_eq!(k.upstream_path(), "/api/v1/namespaces/a/secrets");
+        assert_eq!(k.upstream_field_selector().as_deref(), Some("metadata.name=s1"));
+        assert!(k.may_hold_immutable());
+        let k = route(&pods(), None, None, &fs("spec.nodeName=n1"));
+        assert_eq!(k.upstream_path(), "/api/v1/pods");
+        assert_eq!(k.upstream_field_selector().as_deref(), Some("spec.nodeName=n1"));
+        assert!(!k.may_hold_immutable());
+        let k = route(&secrets(), Some("a"), None, &fs(""));
+        assert_eq!(k.upstream_field_selector(), None);
+        assert!(!k.may_hold_immutable());
+    }
+
+    #[test]
+    fn group_paths() {
+        let d = ResourceType::new("apps", "v1", "deployments", "Deployment", true);
+        assert_eq!(d.api_version(), "apps/v1");
+        assert_eq!(d.collection_path(Some("n")), "/apis/apps/v1/namespaces/n/deployments");
+        assert_eq!(d.collection_path(None), "/apis/apps/v1/deployments");
+    }
+}

@@ -1,0 +1,16 @@
+//! The pure list/watch core: no actix, tokio or network types, only decisions.
+//!
+//! Each module reproduces one piece of the API server's watch cache (see
+//! `docs/architecture.md`); actors in the parent module are thin shells that feed these
+//! functions messages and run the actions they return.
+
+pub mod bookmark;
+pub mod event;
+pub mod filter;
+pub mod key;
+pub mod relist;
+pub mod rv;
+pub mod selector;
+pub mod store;
+pub mod upstream;
+pub mod window;

@@ -1,0 +1,16 @@
+//! kcache's actors over a pure list/watch core.
+//!
+//! - [`core`]: store, event window, resourceVersion rules, selectors and filters, relist
+//!   diff, bookmark schedule, the upstream state machine — plain Rust, unit-tested.
+//! - [`registry::Registry`]: key → refcount; starts and (after a grace period) stops
+//!   [`cached_object::CachedObject`]s.
+//! - [`cached_object::CachedObject`]: one key's store + window, fed by a [`source`].
+//! - [`watcher::Watcher`]: one downstream watch with the API server's cacheWatcher semantics.
+
+pub mod cached_object;
+pub mod config;
+pub mod core;
+pub mod metrics;
+pub mod registry;
+pub mod source;
+pub mod watcher;

@@ -1,0 +1,486 @@
+//! Where a CachedObject's events come from: today the upstream API server (one list+watch
+//! per key); the multi-replica fan-out adds a NATS mirror producing the same messages.
+//!
+//! The upstream source runs `core::upstream::step` against a real `kube::Client`: it only
+//! does the I/O the state machine asks for, and reports lists, events and progress to its
+//! CachedObject over a bounded channel (so a slow key slows its own upstream read, nothing else).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::core::WatchEvent;
+use serde_json::Value;
+use thiserror::Error;
+use tokio::sync::{mpsc, Mutex, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::config::CacheConfig;
+use crate::core::event::object_rv;
+use crate::core::filter::EventType;
+use crate::core::key::{Key, Scope};
+use crate::core::upstream::{step, Action, Backoff, Input, State};
+use crate::metrics as m;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("upstream list of {key} failed: {source}")]
+    ListFailed {
+        key: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("upstream list of {key} returned no usable resourceVersion")]
+    NoResourceVersion { key: String },
+    #[error("upstream watch of {key} failed to start: {source}")]
+    WatchStartFailed {
+        key: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("upstream watch of {key} failed: {source}")]
+    WatchFailed {
+        key: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("upstream watch of {key} went silent for {secs} s")]
+    WatchSilent { key: String, secs: u64 },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a source tells its CachedObject.
+#[derive(Debug)]
+pub enum SourceMsg {
+    /// A complete list of the key at `rv` (initial sync, relist, verification or probe).
+    Listed { items: Vec<Value>, rv: u64 },
+    /// One upstream event at `rv`.
+    Event {
+        kind: EventType,
+        object: Value,
+        rv: u64,
+    },
+    /// The key is known complete up to `rv` (an upstream bookmark).
+    Progress { rv: u64 },
+    /// The source failed and is backing off; reads keep being served from what is cached.
+    Unhealthy { error: String },
+}
+
+/// What a CachedObject may ask of its source.
+#[derive(Debug, Clone, Copy)]
+pub enum SourceCmd {
+    /// Establish progress now with a consistent list (a read is waiting for a newer RV).
+    Probe,
+}
+
+/// A running source's control side; dropping it stops the task. Its events arrive on the
+/// receiver [`SourceFactory::start`] returns beside it.
+pub struct SourceHandle {
+    pub commands: mpsc::Sender<SourceCmd>,
+    task: JoinHandle<()>,
+}
+
+impl SourceHandle {
+    pub fn new(commands: mpsc::Sender<SourceCmd>, task: JoinHandle<()>) -> Self {
+        SourceHandle { commands, task }
+    }
+}
+
+impl Drop for SourceHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts sources for keys. The registry holds one and hands it to each CachedObject.
+pub trait SourceFactory: Send + Sync + 'static {
+    fn start(&self, key: &Key) -> (SourceHandle, mpsc::Receiver<SourceMsg>);
+}
+
+/// Shared upstream budget: concurrent lists and a pace for list/watch starts, so a burst
+/// of new keys (a node's kubelet starting, a replica restarting) cannot flood the API server.
+pub struct UpstreamLimits {
+    lists: Semaphore,
+    next_slot: Mutex<Instant>,
+    interval: Duration,
+}
+
+impl UpstreamLimits {
+    pub fn new(max_concurrent_lists: usize, qps: u32) -> Self {
+        UpstreamLimits {
+            lists: Semaphore::new(max_concurrent_lists.max(1)),
+            next_slot: Mutex::new(Instant::now()),
+            interval: Duration::from_secs(1) / qps.max(1),
+        }
+    }
+
+    async fn pace(&self) {
+        let wait = {
+            let mut next = self.next_slot.lock().await;
+            let now = Instant::now();
+            let slot = (*next).max(now);
+            *next = slot + self.interval;
+            slot - now
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// Sources that list and watch the upstream API server.
+pub struct UpstreamSource {
+    client: kube::Client,
+    cfg: Arc<CacheConfig>,
+    limits: Arc<UpstreamLimits>,
+}
+
+impl UpstreamSource {
+    pub fn new(client: kube::Client, cfg: Arc<CacheConfig>) -> Self {
+        let limits = Arc::new(UpstreamLimits::new(
+            cfg.upstream_max_concurrent_lists,
+            cfg.upstream_qps,
+        ));
+        UpstreamSource {
+            client,
+            cfg,
+            limits,
+        }
+    }
+}
+
+impl SourceFactory for UpstreamSource {
+    fn start(&self, key: &Key) -> (SourceHandle, mpsc::Receiver<SourceMsg>) {
+        let (tx, events) = mpsc::channel(64);
+        let (commands, cmd_rx) = mpsc::channel(4);
+        let run = Run {
+            client: self.client.clone(),
+            cfg: self.cfg.clone(),
+            limits: self.limits.clone(),
+            key: key.clone(),
+            tx,
+            cmds: cmd_rx,
+        };
+        let task = tokio::spawn(run.run());
+        (SourceHandle::new(commands, task), events)
+    }
+}
+
+/// Counts an open upstream watch for as long as it lives, even if the task is aborted.
+struct WatchGauge;
+
+impl WatchGauge {
+    fn open() -> Self {
+        metrics::gauge!(m::UPSTREAM_WATCHES).increment(1.0);
+        WatchGauge
+    }
+}
+
+impl Drop for WatchGauge {
+    fn drop(&mut self) {
+        metrics::gauge!(m::UPSTREAM_WATCHES).decrement(1.0);
+    }
+}
+
+struct Run {
+    client: kube::Client,
+    cfg: Arc<CacheConfig>,
+    limits: Arc<UpstreamLimits>,
+    key: Key,
+    tx: mpsc::Sender<SourceMsg>,
+    cmds: mpsc::Receiver<SourceCmd>,
+}
+
+/// The outcome of one watch stream.
+enum WatchEnd {
+    Ended,
+    Gone,
+    Parked,
+    Failed(Option<Duration>),
+    /// The CachedObject is gone: stop.
+    Closed,
+}
+
+impl Run {
+    async fn run(mut self) {
+        let started = Instant::now();
+        let now_ms = || started.elapsed().as_millis() as u64;
+        let mut backoff = Backoff::new();
+        let mut retry_after = None;
+        let (mut state, mut action) = step(State::Empty { from: None }, Input::Start);
+        loop {
+            let input = match action {
+                Action::List { rv } => match self.list(rv).await {
+                    Ok((items, rv)) => {
+                        let frozen = self.frozen(&items);
+                        if self.tx.send(SourceMsg::Listed { items, rv }).await.is_err() {
+                            return;
+                        }
+                        Input::Listed { rv, frozen }
+                    }
+                    Err(e) => {
+                        retry_after = retry_after_of(&e);
+                        self.report(e).await;
+                        Input::ListFailed
+                    }
+                },
+                Action::Watch { rv } => match self.watch(rv, &mut state).await {
+                    Ok(WatchEnd::Ended) => Input::WatchEnded,
+                    Ok(WatchEnd::Gone) => Input::WatchFailed { gone: true },
+                    Ok(WatchEnd::Parked) => Input::Progress {
+                        rv: state.rv().unwrap_or(rv),
+                        frozen: true,
+                    },
+                    Ok(WatchEnd::Failed(ra)) => {
+                        retry_after = ra;
+                        Input::WatchFailed { gone: false }
+                    }
+                    Ok(WatchEnd::Closed) => return,
+                    Err(e) => {
+                        retry_after = retry_after_of(&e);
+                        self.report(e).await;
+                        Input::WatchFailed { gone: false }
+                    }
+                },
+                Action::Backoff => {
+                    let delay = backoff.next(now_ms(), rand::random::<f64>(), retry_after.take());
+                    tokio::time::sleep(delay).await;
+                    action = state.resume();
+                    continue;
+                }
+                Action::Park => {
+                    // No upstream watch: wait for the verification timer or a probe.
+                    let verify = Duration::from_secs(self.cfg.immutable_verify_secs.max(1));
+                    tokio::select! {
+                        _ = tokio::time::sleep(verify) => {}
+                        cmd = self.cmds.recv() => if cmd.is_none() { return },
+                    }
+                    Input::Verify
+                }
+                Action::Continue => {
+                    action = state.resume();
+                    continue;
+                }
+            };
+            (state, action) = step(state, input);
+        }
+    }
+
+    /// Only namespaced name keys of Secrets/ConfigMaps may park: the object must exist and
+    /// be immutable.
+    fn frozen(&self, items: &[Value]) -> bool {
+        self.cfg.immutable_stop_watch
+            && self.key.may_hold_immutable()
+            && matches!(self.key.scope, Scope::Name { namespace: Some(_), .. })
+            && !items.is_empty()
+            && items.iter().all(is_immutable)
+    }
+
+    async fn report(&self, e: Error) {
+        metrics::counter!(m::UPSTREAM_ERRORS, "group" => self.key.resource.group.clone(), "resource" => self.key.resource.resource.clone()).increment(1);
+        tracing::warn!(key = %self.key, error = %e, "upstream request failed; backing off");
+        let _ = self
+            .tx
+            .send(SourceMsg::Unhealthy {
+                error: e.to_string(),
+            })
+            .await;
+    }
+
+    fn uri(&self, params: &[(&str, String)]) -> String {
+        let mut q = url::form_urlencoded::Serializer::new(String::new());
+        if let Some(fs) = self.key.upstream_field_selector() {
+            q.append_pair("fieldSelector", &fs);
+        }
+        for (k, v) in params {
+            q.append_pair(k, v);
+        }
+        format!("{}?{}", self.key.upstream_path(), q.finish())
+    }
+
+    async fn list(&mut self, rv: Option<u64>) -> Result<(Vec<Value>, u64)> {
+        self.limits.pace().await;
+        // A closed semaphore cannot happen (never closed); treat it as no limit.
+        let _permit = self.limits.lists.acquire().await.ok();
+        metrics::counter!(m::UPSTREAM_LISTS, "group" => self.key.resource.group.clone(), "resource" => self.key.resource.resource.clone()).increment(1);
+        let params = match rv {
+            // NotOlderThan the last RV: a relist must never go back in time, which `0` could.
+            Some(rv) => vec![
+                ("resourceVersion", rv.to_string()),
+                ("resourceVersionMatch", "NotOlderThan".to_string()),
+            ],
+            None => vec![],
+        };
+        let uri = self.uri(&params);
+        let req = http::Request::get(uri)
+            .body(Vec::new())
+            .map_err(|e| Error::ListFailed {
+                key: self.key.to_string(),
+                source: kube::Error::HttpError(e),
+            })?;
+        let list: Value = self
+            .client
+            .request(req)
+            .await
+            .map_err(|source| Error::ListFailed {
+                key: self.key.to_string(),
+                source,
+            })?;
+        let rv = list
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| Error::NoResourceVersion {
+                key: self.key.to_string(),
+            })?;
+        let kind = self.key.resource.kind.clone();
+        let api_version = self.key.resource.api_version();
+        let items = match list {
+            Value::Object(mut map) => match map.remove("items") {
+                Some(Value::Array(items)) => items,
+                _ => Vec::new(),
+            },
+            _ => Vec::new(),
+        };
+        // List items carry no kind/apiVersion; watch events must, so add them once here.
+        let items = items
+            .into_iter()
+            .map(|mut o| {
+                if let Some(obj) = o.as_object_mut() {
+                    obj.insert("kind".into(), Value::String(kind.clone()));
+                    obj.insert("apiVersion".into(), Value::String(api_version.clone()));
+                }
+                o
+            })
+            .collect();
+        Ok((items, rv))
+    }
+
+    async fn watch(&mut self, rv: u64, state: &mut State) -> Result<WatchEnd> {
+        self.limits.pace().await;
+        let timeout = self.cfg.upstream_watch_timeout_secs.max(1);
+        let uri = self.uri(&[
+            ("watch", "true".into()),
+            ("resourceVersion", rv.to_string()),
+            ("allowWatchBookmarks", "true".into()),
+            ("timeoutSeconds", timeout.to_string()),
+        ]);
+        let key = self.key.to_string();
+        let req = http::Request::get(uri)
+            .body(Vec::new())
+            .map_err(|e| Error::WatchStartFailed {
+                key: key.clone(),
+                source: kube::Error::HttpError(e),
+            })?;
+        let stream = match self.client.request_events::<Value>(req).await {
+            Ok(s) => s,
+            Err(kube::Error::Api(s)) if s.code == 410 => return Ok(WatchEnd::Gone),
+            Err(source) => return Err(Error::WatchStartFailed { key, source }),
+        };
+        let _gauge = WatchGauge::open();
+        let mut stream = std::pin::pin!(stream);
+        // A stream silent past its own timeout plus a margin is dead (a half-open TCP
+        // connection after an API server crash): as kube-rs's idle timeout.
+        let idle = Duration::from_secs(timeout + 30);
+        loop {
+            let next = tokio::select! {
+                next = tokio::time::timeout(idle, stream.next()) => next,
+                cmd = self.cmds.recv() => {
+                    match cmd {
+                        None => return Ok(WatchEnd::Closed),
+                        Some(SourceCmd::Probe) => {
+                            match self.list(None).await {
+                                Ok((items, rv)) => {
+                                    if self.tx.send(SourceMsg::Listed { items, rv }).await.is_err() {
+                                        return Ok(WatchEnd::Closed);
+                                    }
+                                    // Events at or below the probe's RV are dropped by the
+                                    // CachedObject; the watch itself continues.
+                                    (*state, _) = step(*state, Input::Progress { rv, frozen: false });
+                                }
+                                Err(e) => self.report(e).await,
+                            }
+                            continue;
+                        }
+                    }
+                }
+            };
+            let event = match next {
+                Err(_) => {
+                    return Err(Error::WatchSilent {
+                        key,
+                        secs: idle.as_secs(),
+                    })
+                }
+                Ok(None) => return Ok(WatchEnd::Ended),
+                Ok(Some(Err(kube::Error::Api(s)))) if s.code == 410 => return Ok(WatchEnd::Gone),
+                Ok(Some(Err(source))) => return Err(Error::WatchFailed { key, source }),
+                Ok(Some(Ok(ev))) => ev,
+            };
+            let (msg, frozen) = match event {
+                WatchEvent::Added(o) => (event_msg(EventType::Added, o), false),
+                WatchEvent::Modified(o) => {
+                    let frozen = self.frozen(std::slice::from_ref(&o));
+                    (event_msg(EventType::Modified, o), frozen)
+                }
+                WatchEvent::Deleted(o) => (event_msg(EventType::Deleted, o), false),
+                WatchEvent::Bookmark(b) => match b.metadata.resource_version.parse() {
+                    Ok(rv) => (SourceMsg::Progress { rv }, false),
+                    Err(_) => continue,
+                },
+                WatchEvent::Error(s) if s.code == 410 => return Ok(WatchEnd::Gone),
+                WatchEvent::Error(s) => {
+                    tracing::warn!(key = %self.key, code = s.code, message = %s.message, "upstream watch error event");
+                    let ra = s
+                        .details
+                        .as_ref()
+                        .map(|d| Duration::from_secs(u64::from(d.retry_after_seconds)))
+                        .filter(|d| !d.is_zero());
+                    return Ok(WatchEnd::Failed(ra));
+                }
+            };
+            let rv = match &msg {
+                SourceMsg::Event { rv, .. } | SourceMsg::Progress { rv } => *rv,
+                _ => 0,
+            };
+            if self.tx.send(msg).await.is_err() {
+                return Ok(WatchEnd::Closed);
+            }
+            let (next_state, action) = step(*state, Input::Progress { rv, frozen });
+            *state = next_state;
+            if action == Action::Park {
+                return Ok(WatchEnd::Parked);
+            }
+        }
+    }
+}
+
+fn event_msg(kind: EventType, object: Value) -> SourceMsg {
+    let rv = object_rv(&object);
+    SourceMsg::Event { kind, object, rv }
+}
+
+fn is_immutable(obj: &Value) -> bool {
+    obj.get("immutable").and_then(Value::as_bool) == Some(true)
+}
+
+/// `Retry-After` of a throttled request (429), from the Status details the API server sends.
+fn retry_after_of(e: &Error) -> Option<Duration> {
+    let source = match e {
+        Error::ListFailed { source, .. }
+        | Error::WatchStartFailed { source, .. }
+        | Error::WatchFailed { source, .. } => source,
+        _ => return None,
+    };
+    match source {
+        kube::Error::Api(s) if s.code == 429 => Some(Duration::from_secs(
+            s.details
+                .as_ref()
+                .map(|d| u64::from(d.retry_after_seconds))
+                .filter(|s| *s > 0)
+                .unwrap_or(1),
+        )),
+        _ => None,
+    }
+}

@@ -1,0 +1,361 @@
+//! One downstream watch, with the API server's cacheWatcher semantics: its own filter,
+//! ADDED/MODIFIED/DELETED derived from old and new objects passing it, never an object
+//! event at or below the RV it started from, bookmarks, a timeout, and a bounded buffer —
+//! a client that stops reading is closed rather than allowed to slow its key.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use bytes::Bytes;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::cached_object::{self, CachedObject};
+use crate::core::bookmark::bookmark_line;
+use crate::core::event::{encode_line, with_rv, StoreEvent};
+use crate::core::filter::{convert, Conversion, EventType, Filter};
+use crate::core::key::Key;
+use crate::core::rv::WatchPlan;
+use crate::metrics as m;
+use crate::registry::{Registry, Release};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// How a watcher writes an object event. JSON shares the key's pre-encoded line; other
+/// encodings (the HTTP layer's `as=Table`) encode per watcher.
+#[derive(Clone)]
+pub enum Encoder {
+    Json,
+    Custom(Arc<dyn Fn(EventType, &Value) -> Bytes + Send + Sync>),
+}
+
+impl Encoder {
+    fn encode(&self, kind: EventType, obj: &Value) -> Bytes {
+        match self {
+            Encoder::Json => encode_line(kind.as_str(), obj),
+            Encoder::Custom(f) => f(kind, obj),
+        }
+    }
+}
+
+/// Everything a watcher needs; built by the HTTP layer after validation.
+pub struct WatcherSpec {
+    pub key: Key,
+    pub filter: Filter,
+    pub plan: WatchPlan,
+    pub allow_bookmarks: bool,
+    pub timeout: Duration,
+    pub encoder: Encoder,
+    /// The HTTP response body; bounded, its capacity is the watcher's buffer.
+    pub body: mpsc::Sender<Bytes>,
+    pub cached: Addr<CachedObject>,
+    /// Holds the reference this watcher releases when it stops.
+    pub registry: Addr<Registry>,
+    /// Mailbox capacity for events from the CachedObject.
+    pub mailbox: usize,
+}
+
+pub struct Watcher {
+    id: u64,
+    spec: WatcherSpec,
+    /// Object events at or below this RV are never sent (the client has them).
+    floor: u64,
+    /// Highest event sequence handled; replay and live events may overlap.
+    last_seq: u64,
+    /// Highest RV sent, so bookmarks never go back.
+    sent_rv: u64,
+    started: bool,
+    closing: bool,
+    labels: [(&'static str, String); 2],
+}
+
+impl Watcher {
+    pub fn new(spec: WatcherSpec) -> Self {
+        let labels = [
+            ("group", spec.key.resource.group.clone()),
+            ("resource", spec.key.resource.resource.clone()),
+        ];
+        Watcher {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            floor: spec.plan.from_rv,
+            sent_rv: spec.plan.from_rv,
+            spec,
+            last_seq: 0,
+            started: false,
+            closing: false,
+            labels,
+        }
+    }
+
+    /// Writes one line to the client; a full buffer means the client is not reading.
+    fn push(&mut self, line: Bytes, ctx: &mut Context<Self>) -> bool {
+        if self.closing {
+            return false;
+        }
+        match self.spec.body.try_send(line) {
+            Ok(()) => {
+                metrics::counter!(m::EVENTS_DISPATCHED, &self.labels).increment(1);
+                true
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                metrics::counter!(m::TERMINATED_WATCHERS, &self.labels).increment(1);
+                tracing::warn!(key = %self.spec.key, watcher = self.id, "closing unresponsive watcher: client is not reading");
+                self.closing = true;
+                ctx.stop();
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.closing = true;
+                ctx.stop();
+                false
+            }
+        }
+    }
+
+    fn deliver(&mut self, ev: &StoreEvent, ctx: &mut Context<Self>) {
+        if ev.seq <= self.last_seq {
+            return;
+        }
+        self.last_seq = ev.seq;
+        if ev.rv <= self.floor {
+            return;
+        }
+        let line = match convert(&self.spec.filter, ev.kind, &ev.object, ev.prev.as_deref()) {
+            None => return,
+            Some(Conversion::Send {
+                kind,
+                same_as_source: true,
+            }) if matches!(self.spec.encoder, Encoder::Json) => {
+                let _ = kind;
+                ev.line.clone()
+            }
+            Some(Conversion::Send { kind, .. }) => self.spec.encoder.encode(kind, &ev.object),
+            Some(Conversion::DeletedPrev) => match &ev.prev {
+                Some(prev) => self
+                    .spec
+                    .encoder
+                    .encode(EventType::Deleted, &with_rv(prev, ev.rv)),
+                None => return,
+            },
+        };
+        if self.push(line, ctx) {
+            self.sent_rv = self.sent_rv.max(ev.rv);
+        }
+    }
+
+    fn bookmark(&mut self, rv: u64, initial_events_end: bool, ctx: &mut Context<Self>) {
+        // Never below what the client already has; equal is allowed (as the seed does).
+        let rv = rv.max(self.sent_rv).max(self.floor);
+        let line = bookmark_line(&self.spec.key.resource, rv, initial_events_end);
+        if self.push(line, ctx) {
+            self.sent_rv = rv;
+        }
+    }
+}
+
+/// An in-stream `ERROR` event carrying a Kubernetes `Status`.
+pub fn error_line(code: u16, reason: &str, message: &str) -> Bytes {
+    let status = json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    });
+    encode_line("ERROR", &status)
+}
+
+impl Actor for Watcher {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(self.spec.mailbox.max(1));
+        metrics::gauge!(m::REGISTERED_WATCHERS, &self.labels).increment(1.0);
+        let deadline = Instant::now() + self.spec.timeout;
+        ctx.run_later(self.spec.timeout, |act, ctx| {
+            act.closing = true;
+            ctx.stop();
+        });
+        // Notice a client that went away even on a quiet key.
+        let body = self.spec.body.clone();
+        ctx.spawn(
+            async move { body.closed().await }
+                .into_actor(self)
+                .map(|_, act, ctx| {
+                    act.closing = true;
+                    ctx.stop();
+                }),
+        );
+        self.spec.cached.do_send(cached_object::Subscribe {
+            id: self.id,
+            addr: ctx.address(),
+            plan: self.spec.plan,
+            allow_bookmarks: self.spec.allow_bookmarks,
+            deadline: Some(deadline),
+        });
+    }
+
+    fn stopped(&mut self, _ctx: &mut Self::Context) {
+        metrics::gauge!(m::REGISTERED_WATCHERS, &self.labels).decrement(1.0);
+        self.spec
+            .cached
+            .do_send(cached_object::Unsubscribe { id: self.id });
+        self.spec.registry.do_send(Release {
+            key: self.spec.key.clone(),
+        });
+    }
+}
+
+/// The watcher's start: initial ADDED events (state at `initial_rv`) or events to replay.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Start {
+    pub initial: Vec<Arc<Value>>,
+    pub initial_rv: u64,
+    pub end_bookmark: bool,
+    pub replay: Vec<Arc<StoreEvent>>,
+    pub floor: u64,
+    /// Events up to this sequence are covered by `initial`/`replay`.
+    pub start_seq: u64,
+}
+
+/// The watch's RV is older than the key can replay.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Expired {
+    pub requested: u64,
+    pub oldest: u64,
+}
+
+/// The watch could not start (key not synced in time, not fresh enough, stopping).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Failed {
+    pub error: cached_object::Error,
+}
+
+/// One event of the key.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Dispatch(pub Arc<StoreEvent>);
+
+/// A periodic or pre-timeout bookmark at the key's progress.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Bookmark {
+    pub rv: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum CloseReason {
+    TooSlow,
+    KeyStopped,
+    /// Shutdown: send a last bookmark (when allowed) so the client resumes exactly here.
+    Draining {
+        rv: u64,
+    },
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Close {
+    pub reason: CloseReason,
+}
+
+impl Handler<Start> for Watcher {
+    type Result = ();
+
+    fn handle(&mut self, msg: Start, ctx: &mut Self::Context) {
+        self.started = true;
+        for obj in &msg.initial {
+            if self.spec.filter.matches(obj) {
+                let line = self.spec.encoder.encode(EventType::Added, obj);
+                if !self.push(line, ctx) {
+                    return;
+                }
+            }
+        }
+        if !msg.initial.is_empty() || msg.end_bookmark {
+            self.sent_rv = self.sent_rv.max(msg.initial_rv);
+            // Live events after the snapshot are all newer than it.
+            self.floor = self.floor.max(msg.initial_rv);
+        }
+        if msg.end_bookmark {
+            self.bookmark(msg.initial_rv, true, ctx);
+        }
+        for ev in &msg.replay {
+            self.deliver(ev, ctx);
+        }
+        self.floor = self.floor.max(msg.floor);
+        self.last_seq = self.last_seq.max(msg.start_seq);
+    }
+}
+
+impl Handler<Expired> for Watcher {
+    type Result = ();
+
+    fn handle(&mut self, msg: Expired, ctx: &mut Self::Context) {
+        // As 1.20: HTTP 200, then one in-stream ERROR with a 410 Expired Status, which is
+        // the form clients (kube-rs, client-go's reflector) relist on.
+        let message = format!(
+            "too old resource version: {} ({})",
+            msg.requested, msg.oldest
+        );
+        self.push(error_line(410, "Expired", &message), ctx);
+        self.closing = true;
+        ctx.stop();
+    }
+}
+
+impl Handler<Failed> for Watcher {
+    type Result = ();
+
+    fn handle(&mut self, msg: Failed, ctx: &mut Self::Context) {
+        let (code, reason) = match msg.error {
+            cached_object::Error::TooLargeResourceVersion { .. } => (504, "Timeout"),
+            cached_object::Error::NotSynced { .. } => (503, "ServiceUnavailable"),
+            cached_object::Error::Stopping { .. } => (503, "ServiceUnavailable"),
+        };
+        self.push(error_line(code, reason, &msg.error.to_string()), ctx);
+        self.closing = true;
+        ctx.stop();
+    }
+}
+
+impl Handler<Dispatch> for Watcher {
+    type Result = ();
+
+    fn handle(&mut self, msg: Dispatch, ctx: &mut Self::Context) {
+        if self.started {
+            self.deliver(&msg.0, ctx);
+        }
+    }
+}
+
+impl Handler<Bookmark> for Watcher {
+    type Result = ();
+
+    fn handle(&mut self, msg: Bookmark, ctx: &mut Self::Context) {
+        if self.started && self.spec.allow_bookmarks {
+            self.bookmark(msg.rv, false, ctx);
+        }
+    }
+}
+
+impl Handler<Close> for Watcher {
+    type Result = ();
+
+    fn handle(&mut self, msg: Close, ctx: &mut Self::Context) {
+        if let CloseReason::Draining { rv } = msg.reason {
+            if self.started && self.spec.allow_bookmarks {
+                self.bookmark(rv, false, ctx);
+            }
+        }
+        self.closing = true;
+        ctx.stop();
+    }
+}

@@ -1,0 +1,262 @@
+//! The Kubernetes-compatible API: GET list/get/watch of cached resources is served from
+//! the cache; everything else is proxied. Validation happens once, here, and errors are
+//! Kubernetes `Status` objects.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use actix::Addr;
+use actix_web::{web, HttpRequest, HttpResponse};
+use bytes::Bytes;
+use futures::StreamExt;
+use kcache_actors::cached_object::{self, Read};
+use kcache_actors::config::CacheConfig;
+use kcache_actors::core::event::encode_line;
+use kcache_actors::core::filter::{EventType, Filter};
+use kcache_actors::core::key::{route, ResourceType};
+use kcache_actors::core::rv::{plan_list, plan_watch, ListPlan};
+use kcache_actors::core::selector::{FieldSelector, LabelSelector};
+use kcache_actors::registry::{Acquire, Hold, Registry};
+use kcache_actors::watcher::{Encoder, Watcher, WatcherSpec};
+use serde_json::{json, Value};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::auth::{self, Authenticator};
+use crate::config::ServerConfig;
+use crate::proxy::Proxy;
+use crate::request::{parse_path, parse_query, Query, ResourcePath};
+use crate::status::ApiError;
+use crate::table::{self, IncludeObject, TableVersion};
+
+/// Shared by every HTTP worker.
+pub struct ApiState {
+    pub registry: Addr<Registry>,
+    pub resources: HashMap<(String, String, String), Arc<ResourceType>>,
+    pub auth: Authenticator,
+    pub proxy: Proxy,
+    pub cache: CacheConfig,
+    pub server: ServerConfig,
+}
+
+/// What a cache-served request turned out to need.
+enum Served {
+    Response(HttpResponse),
+    /// Not the cache's to answer (a consistent read, paging, a key that cannot sync): proxy it.
+    Forward,
+}
+
+pub async fn handle(
+    req: HttpRequest,
+    body: web::Payload,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    let authorization = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok());
+    match state.auth.authenticate(authorization).await {
+        Ok(_user) => {}
+        Err(auth::Error::MissingToken | auth::Error::InvalidToken) => {
+            return Err(ApiError::unauthorized())
+        }
+        Err(e @ auth::Error::ReviewFailed(_)) => {
+            tracing::warn!(error = %e, "cannot authenticate: TokenReview failed");
+            return Err(ApiError::service_unavailable(
+                "cannot authenticate the request: the API server's TokenReview failed",
+            ));
+        }
+    }
+    if req.method() == actix_web::http::Method::GET {
+        if let Some(rp) = parse_path(req.path()) {
+            let resource = state
+                .resources
+                .get(&(rp.group.clone(), rp.version.clone(), rp.resource.clone()))
+                .cloned();
+            if let (Some(resource), None) = (resource, &rp.subresource) {
+                if let Served::Response(r) = serve_cached(&req, &state, &rp, resource).await? {
+                    return Ok(r);
+                }
+            }
+        }
+    }
+    state.proxy.forward(&req, body).await
+}
+
+async fn serve_cached(
+    req: &HttpRequest,
+    state: &ApiState,
+    rp: &ResourcePath,
+    resource: Arc<ResourceType>,
+) -> Result<Served, ApiError> {
+    let accept = req
+        .headers()
+        .get("accept")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !table::accepts_json(accept) {
+        return Err(ApiError::not_acceptable(
+            "only application/json (and Table as JSON) can be served; protobuf is not supported by kcache",
+        ));
+    }
+    let table = table::table_version(accept);
+    let q = parse_query(req.query_string())?;
+    let label = LabelSelector::parse(&q.label_selector)
+        .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?;
+    let field = FieldSelector::parse(&q.field_selector)
+        .map_err(|e| ApiError::bad_request(format!("invalid field selector: {e}")))?;
+    field
+        .validate_for(&resource.group, &resource.resource)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let include = IncludeObject::parse(q.include_object.as_deref())
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let namespace = rp.namespace.as_deref().filter(|_| resource.namespaced);
+    let key = route(&resource, namespace, rp.name.as_deref(), &field);
+    let filter = Filter::new(label, field);
+    if q.watch {
+        return watch(state, &q, key, filter, table, include).map(Served::Response);
+    }
+    let plan = plan_list(q.rv()?, q.rv_match()?, q.limit, q.continue_token.is_some())
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let ListPlan::Cache { min_rv } = plan else {
+        return Ok(Served::Forward);
+    };
+    let cached = state
+        .registry
+        .send(Hold {
+            key,
+            duration: state.cache.grace_period(),
+        })
+        .await
+        .map_err(|_| ApiError::service_unavailable("kcache is shutting down"))?;
+    let snap = match cached.send(Read { min_rv }).await {
+        Ok(Ok(snap)) => snap,
+        Ok(Err(cached_object::Error::TooLargeResourceVersion { requested, current })) => {
+            return Err(ApiError::too_large_resource_version(requested, current))
+        }
+        // Not synced in time, or stopping: the API server can still answer.
+        Ok(Err(e)) => {
+            tracing::info!(error = %e, "cache cannot answer; forwarding upstream");
+            return Ok(Served::Forward);
+        }
+        Err(_) => return Ok(Served::Forward),
+    };
+    let list_meta = json!({ "resourceVersion": snap.rv.to_string() });
+    if let Some(name) = &rp.name {
+        let obj = snap.objects.iter().find(|o| {
+            o.pointer("/metadata/name").and_then(Value::as_str) == Some(name.as_str())
+                && (namespace.is_none()
+                    || o.pointer("/metadata/namespace").and_then(Value::as_str) == namespace)
+        });
+        let Some(obj) = obj else {
+            return Err(ApiError::not_found(&resource.group, &resource.resource, name));
+        };
+        let body = match table {
+            Some(v) => table::to_table(v, &resource.group, &resource.resource, &[obj.as_ref()], list_meta, include, now_secs()),
+            None => obj.as_ref().clone(),
+        };
+        return Ok(Served::Response(json_response(&body)));
+    }
+    let items: Vec<&Value> = snap
+        .objects
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|o| filter.matches(o))
+        .collect();
+    let body = match table {
+        Some(v) => table::to_table(v, &resource.group, &resource.resource, &items, list_meta, include, now_secs()),
+        None => json!({
+            "kind": format!("{}List", resource.kind),
+            "apiVersion": resource.api_version(),
+            "metadata": list_meta,
+            "items": items,
+        }),
+    };
+    Ok(Served::Response(json_response(&body)))
+}
+
+fn watch(
+    state: &ApiState,
+    q: &Query,
+    key: kcache_actors::core::key::Key,
+    filter: Filter,
+    table: Option<TableVersion>,
+    include: IncludeObject,
+) -> Result<HttpResponse, ApiError> {
+    let plan = plan_watch(
+        q.rv()?,
+        q.rv_match()?,
+        q.send_initial_events,
+        q.allow_watch_bookmarks,
+    )
+    .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // As the API server: the client's timeoutSeconds, else --min-request-timeout × [1, 2).
+    let timeout = match q.timeout_seconds {
+        Some(s) => Duration::from_secs(s),
+        None => Duration::from_secs_f64(
+            state.server.min_request_timeout_secs as f64 * (1.0 + rand::random::<f64>()),
+        ),
+    };
+    let encoder = match table {
+        None => Encoder::Json,
+        Some(version) => {
+            let resource = key.resource.clone();
+            Encoder::Custom(Arc::new(move |kind: EventType, obj: &Value| -> Bytes {
+                let rv = obj
+                    .pointer("/metadata/resourceVersion")
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                let t = table::to_table(
+                    version,
+                    &resource.group,
+                    &resource.resource,
+                    &[obj],
+                    json!({ "resourceVersion": rv }),
+                    include,
+                    now_secs(),
+                );
+                encode_line(kind.as_str(), &t)
+            }))
+        }
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(state.cache.watcher_buffer.max(1));
+    let registry = state.registry.clone();
+    let mailbox = state.cache.watcher_buffer.max(16);
+    let allow_bookmarks = q.allow_watch_bookmarks;
+    // Take the reference, then start the watcher on this worker's arbiter; the watcher
+    // releases the reference when it stops. Until then the client sees the response head
+    // and waits for its first event, as with the API server.
+    actix_web::rt::spawn(async move {
+        let Ok(cached) = registry.send(Acquire { key: key.clone() }).await else {
+            return;
+        };
+        actix::Actor::start(Watcher::new(WatcherSpec {
+            key,
+            filter,
+            plan,
+            allow_bookmarks,
+            timeout,
+            encoder,
+            body: tx,
+            cached,
+            registry,
+            mailbox,
+        }));
+    });
+    Ok(HttpResponse::Ok()
+        .content_type("application/json")
+        .insert_header(("Cache-Control", "no-cache, private"))
+        .streaming(ReceiverStream::new(rx).map(Ok::<_, Infallible>)))
+}
+
+fn now_secs() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+fn json_response(v: &Value) -> HttpResponse {
+    HttpResponse::Ok().content_type("application/json").json(v)
+}

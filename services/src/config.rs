@@ -1,0 +1,175 @@
+//! kcache's configuration: defaults, then `config/kcache.toml` (or `--config`), then
+//! environment and flags. Every field here is documented in `config/kcache.toml`.
+
+use std::path::{Path, PathBuf};
+
+use kcache_actors::config::CacheConfig;
+use kcache_actors::core::key::ResourceType;
+use serde::Deserialize;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("reading config file {path}: {source}")]
+    ReadFailed {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("parsing config file {path}: {source}")]
+    ParseFailed {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("invalid resource {0:?} in config: want group/version/resource with kind and namespaced")]
+    InvalidResource(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub cache: CacheConfig,
+    pub auth: AuthConfig,
+    /// Resources cached in addition to the defaults.
+    pub resources: Vec<ResourceEntry>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Identifies this replica in `/debug/keys` and logs; defaults to the hostname.
+    pub replica_id: Option<String>,
+    /// Watches without `timeoutSeconds` last this long times a random factor in [1, 2),
+    /// as the API server's `--min-request-timeout`.
+    pub min_request_timeout_secs: u64,
+    /// On SIGTERM: readiness fails at once, watchers get a last bookmark and are closed,
+    /// and the server waits this long for in-flight requests.
+    pub shutdown_grace_secs: u64,
+    /// Largest request body proxied upstream (the API server's limit is 3 MiB).
+    pub max_request_body_bytes: usize,
+    /// HTTP worker threads (0: one per core).
+    pub workers: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            replica_id: None,
+            min_request_timeout_secs: 1800,
+            shutdown_grace_secs: 10,
+            max_request_body_bytes: 3 * 1024 * 1024,
+            workers: 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Seconds a TokenReview result is reused.
+    pub token_cache_ttl_secs: u64,
+    /// Most TokenReview results kept.
+    pub token_cache_size: usize,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            token_cache_ttl_secs: 10,
+            token_cache_size: 10_000,
+        }
+    }
+}
+
+/// An extra cached resource: `{ group = "apps", version = "v1", resource = "deployments", kind = "Deployment", namespaced = true }`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceEntry {
+    #[serde(default)]
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    pub kind: String,
+    pub namespaced: bool,
+}
+
+impl Config {
+    pub fn load(path: Option<&Path>) -> Result<Self> {
+        let Some(path) = path else {
+            return Ok(Config::default());
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| Error::ReadFailed {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| Error::ParseFailed {
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    /// The default resources (v1 secrets, configmaps, pods, services, endpoints,
+    /// namespaces) plus the configured ones.
+    pub fn resource_types(&self) -> Result<Vec<ResourceType>> {
+        let mut out = vec![
+            ResourceType::new("", "v1", "secrets", "Secret", true),
+            ResourceType::new("", "v1", "configmaps", "ConfigMap", true),
+            ResourceType::new("", "v1", "pods", "Pod", true),
+            ResourceType::new("", "v1", "services", "Service", true),
+            ResourceType::new("", "v1", "endpoints", "Endpoints", true),
+            ResourceType::new("", "v1", "namespaces", "Namespace", false),
+        ];
+        for r in &self.resources {
+            if r.version.is_empty() || r.resource.is_empty() || r.kind.is_empty() {
+                return Err(Error::InvalidResource(format!(
+                    "{}/{}/{}",
+                    r.group, r.version, r.resource
+                )));
+            }
+            out.retain(|t| !(t.group == r.group && t.version == r.version && t.resource == r.resource));
+            out.push(ResourceType::new(&r.group, &r.version, &r.resource, &r.kind, r.namespaced));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_config_file_matches_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/kcache.toml");
+        let cfg = Config::load(Some(&path)).expect("config/kcache.toml parses");
+        let def = Config::default();
+        assert_eq!(cfg.cache.window_capacity, def.cache.window_capacity);
+        assert_eq!(cfg.cache.grace_period_secs, def.cache.grace_period_secs);
+        assert_eq!(cfg.cache.watcher_buffer, def.cache.watcher_buffer);
+        assert_eq!(cfg.cache.upstream_watch_timeout_secs, def.cache.upstream_watch_timeout_secs);
+        assert_eq!(cfg.server.min_request_timeout_secs, def.server.min_request_timeout_secs);
+        assert_eq!(cfg.auth.token_cache_ttl_secs, def.auth.token_cache_ttl_secs);
+        assert_eq!(cfg.resource_types().expect("valid").len(), 6);
+    }
+
+    #[test]
+    fn extra_resources_are_added_and_validated() {
+        let cfg: Config = toml::from_str(
+            r#"[[resources]]
+group = "apps"
+version = "v1"
+resource = "deployments"
+kind = "Deployment"
+namespaced = true
+"#,
+        )
+        .expect("parses");
+        let types = cfg.resource_types().expect("valid");
+        assert_eq!(types.len(), 7);
+        assert!(types.iter().any(|t| t.group == "apps" && t.resource == "deployments"));
+        assert!(toml::from_str::<Config>("[cache]\nbogus = 1\n").is_err());
+    }
+}

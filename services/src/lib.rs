@@ -1,0 +1,17 @@
+//! kcache: a Kubernetes-compatible list/watch cache. See `docs/architecture.md`.
+//!
+//! - [`server`]: wiring, admin endpoints, shutdown.
+//! - [`api`]: serving list/get/watch from the cache, proxying the rest ([`proxy`]).
+//! - [`request`]: the one canonical parse of paths and queries.
+//! - [`auth`]: TokenReview authentication.
+//! - [`table`]: `as=Table` answers for `kubectl get`.
+//! - [`status`]: Kubernetes `Status` errors.
+
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod proxy;
+pub mod request;
+pub mod server;
+pub mod status;
+pub mod table;

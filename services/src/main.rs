@@ -1,0 +1,106 @@
+//! The `kcache` binary: parse flags, set up logging and metrics, bind, call `server::run`.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use kcache::config::Config;
+
+#[derive(Parser)]
+#[command(name = "kcache", version, about = "A horizontally scaled cache tier for the Kubernetes list/watch API")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the Kubernetes API from the cache.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// kubeconfig for the upstream API server; without it, kube's inference (KUBECONFIG,
+    /// ~/.kube/config, in-cluster service account).
+    #[arg(long, env = "KCACHE_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Address to serve on.
+    #[arg(long, env = "KCACHE_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// Configuration file (see config/kcache.toml).
+    #[arg(long, env = "KCACHE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Replica id shown in /debug/keys (default: the config's, else the hostname).
+    #[arg(long, env = "KCACHE_REPLICA_ID")]
+    replica_id: Option<String>,
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "KCACHE_LOG_JSON")]
+    log_json: bool,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let Command::Serve(args) = cli.command;
+    init_tracing(args.log_json);
+    match actix_web::rt::System::new().block_on(serve(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("kcache: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let mut cfg = Config::load(args.config.as_deref())?;
+    if args.replica_id.is_some() {
+        cfg.server.replica_id = args.replica_id;
+    }
+    let kube_config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    let listener = TcpListener::bind(&args.listen)?;
+    kcache::server::run(cfg, kube_config, listener, metrics, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn init_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KCACHE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

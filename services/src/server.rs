@@ -1,0 +1,188 @@
+//! Wires kcache together and serves it: the registry and its upstream source, the
+//! Kubernetes API, and the admin endpoints (`/livez`, `/readyz`, `/metrics`, `/debug/keys`).
+//!
+//! `run` takes a bound listener and any shutdown future (as mini-redis's `server::run`), so
+//! the binary and tests start it the same way. On shutdown: readiness fails at once,
+//! watchers get a last bookmark and are closed, then the HTTP server stops with a grace period.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Actor;
+use actix_web::{web, App, HttpResponse, HttpServer};
+use kcache_actors::registry::{DrainAll, GetDebugKeys, Registry};
+use kcache_actors::source::UpstreamSource;
+use metrics_exporter_prometheus::PrometheusHandle;
+use thiserror::Error;
+
+use crate::api::{self, ApiState};
+use crate::auth::Authenticator;
+use crate::config::{self, Config};
+use crate::proxy::Proxy;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("invalid configuration: {0}")]
+    Config(#[from] config::Error),
+    #[error("building the upstream client: {0}")]
+    UpstreamClient(#[source] kube::Error),
+    #[error("serving HTTP: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `/readyz`: a latch that opens once the upstream answered, and closes for good when
+/// shutdown starts (as the API server's `shutdownCheck`).
+#[derive(Default)]
+pub struct Health {
+    ready: AtomicBool,
+    draining: AtomicBool,
+}
+
+impl Health {
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed)
+    }
+}
+
+pub async fn run(
+    cfg: Config,
+    kube_config: kube::Config,
+    listener: TcpListener,
+    metrics: PrometheusHandle,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    kcache_actors::metrics::describe();
+    let resources = cfg.resource_types()?;
+    let client = kube::Client::try_from(kube_config.clone()).map_err(Error::UpstreamClient)?;
+    let proxy = Proxy::new(kube_config, cfg.server.max_request_body_bytes)
+        .map_err(Error::UpstreamClient)?;
+    let cache_cfg = Arc::new(cfg.cache.clone());
+    let replica = cfg.server.replica_id.clone().unwrap_or_else(hostname);
+    let sources = Arc::new(UpstreamSource::new(client.clone(), cache_cfg.clone()));
+    let registry = Registry::new(cache_cfg, sources, replica.clone()).start();
+    let health = Arc::new(Health::default());
+
+    // Readiness opens once the API server has answered (discovery of its version).
+    {
+        let client = client.clone();
+        let health = health.clone();
+        actix_web::rt::spawn(async move {
+            loop {
+                match client.apiserver_version().await {
+                    Ok(v) => {
+                        tracing::info!(version = %v.git_version, "upstream API server reachable");
+                        health.ready.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "upstream API server not reachable yet");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        });
+    }
+
+    let state = web::Data::new(ApiState {
+        registry: registry.clone(),
+        resources: resources
+            .into_iter()
+            .map(|r| ((r.group.clone(), r.version.clone(), r.resource.clone()), Arc::new(r)))
+            .collect::<HashMap<_, _>>(),
+        auth: Authenticator::new(
+            client,
+            Duration::from_secs(cfg.auth.token_cache_ttl_secs),
+            cfg.auth.token_cache_size,
+        ),
+        proxy,
+        cache: cfg.cache.clone(),
+        server: cfg.server.clone(),
+    });
+    let admin = web::Data::new(Admin {
+        health: health.clone(),
+        metrics,
+        registry: registry.clone(),
+    });
+    let addr = listener.local_addr().map_err(Error::Serve)?;
+    let grace = Duration::from_secs(cfg.server.shutdown_grace_secs);
+    let mut server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .app_data(admin.clone())
+            .route("/livez", web::get().to(livez))
+            .route("/readyz", web::get().to(readyz))
+            .route("/metrics", web::get().to(metrics_endpoint))
+            .route("/debug/keys", web::get().to(debug_keys))
+            .default_service(web::to(api::handle))
+    })
+    .disable_signals()
+    .shutdown_timeout(grace.as_secs());
+    if cfg.server.workers > 0 {
+        server = server.workers(cfg.server.workers);
+    }
+    let server = server.listen(listener).map_err(Error::Serve)?.run();
+    tracing::info!(%addr, %replica, "kcache listening");
+    let handle = server.handle();
+    let mut server = std::pin::pin!(server);
+    tokio::select! {
+        res = &mut server => return res.map_err(Error::Serve),
+        _ = shutdown => {}
+    }
+    tracing::info!("shutting down: readiness off, draining watchers");
+    health.draining.store(true, Ordering::Relaxed);
+    let watchers = registry.send(DrainAll).await.unwrap_or(0);
+    tracing::info!(watchers, "watchers closed");
+    // Stop accepting; in-flight requests get the grace period.
+    let stop = handle.stop(true);
+    let _ = tokio::time::timeout(grace, stop).await;
+    let _ = server.await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+struct Admin {
+    health: Arc<Health>,
+    metrics: PrometheusHandle,
+    registry: actix::Addr<Registry>,
+}
+
+async fn livez() -> HttpResponse {
+    HttpResponse::Ok().content_type("text/plain").body("ok")
+}
+
+async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
+    if admin.health.is_ready() {
+        HttpResponse::Ok().content_type("text/plain").body("ok")
+    } else {
+        HttpResponse::ServiceUnavailable()
+            .content_type("text/plain")
+            .body("not ready")
+    }
+}
+
+async fn metrics_endpoint(admin: web::Data<Admin>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(admin.metrics.render())
+}
+
+async fn debug_keys(admin: web::Data<Admin>) -> HttpResponse {
+    match admin.registry.send(GetDebugKeys).await {
+        Ok(keys) => HttpResponse::Ok().json(keys),
+        Err(_) => HttpResponse::ServiceUnavailable().finish(),
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "kcache".to_string())
+}
