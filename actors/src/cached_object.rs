@@ -248,7 +248,9 @@ impl CachedObject {
         let d_win = self.window.len() as f64 - window_before as f64;
         if d_obj != 0.0 {
             metrics::gauge!(m::CACHED_OBJECTS).increment(d_obj);
-            self.status.objects.store(self.store.len(), Ordering::Relaxed);
+            self.status
+                .objects
+                .store(self.store.len(), Ordering::Relaxed);
         }
         if d_win != 0.0 {
             metrics::gauge!(m::WINDOW_EVENTS).increment(d_win);
@@ -274,7 +276,9 @@ impl CachedObject {
 
     fn terminate(&mut self, id: u64) {
         if let Some(w) = self.watchers.remove(&id) {
-            self.status.watchers.store(self.watchers.len(), Ordering::Relaxed);
+            self.status
+                .watchers
+                .store(self.watchers.len(), Ordering::Relaxed);
             metrics::counter!(m::TERMINATED_WATCHERS, &self.labels).increment(1);
             tracing::warn!(key = %self.key, watcher = id, "closing unresponsive watcher: its buffer is full");
             w.addr.do_send(watcher::Close {

@@ -20,16 +20,25 @@ pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_gauge!(REGISTERED_WATCHERS, "Downstream watches open, by resource.");
     describe_gauge!(CACHED_KEYS, "Keys (upstream list+watch units) cached.");
-    describe_gauge!(UPSTREAM_WATCHES, "Upstream watches this replica holds open.");
+    describe_gauge!(
+        UPSTREAM_WATCHES,
+        "Upstream watches this replica holds open."
+    );
     describe_counter!(EVENTS_RECEIVED, "Events received from the upstream watch.");
-    describe_counter!(EVENTS_DISPATCHED, "Watch events sent to downstream watchers.");
+    describe_counter!(
+        EVENTS_DISPATCHED,
+        "Watch events sent to downstream watchers."
+    );
     describe_counter!(
         TERMINATED_WATCHERS,
         "Watchers closed because they did not keep up with their events."
     );
     describe_gauge!(WINDOW_EVENTS, "Events held in keys' replay windows.");
     describe_gauge!(CACHED_OBJECTS, "Objects held in keys' stores.");
-    describe_counter!(UPSTREAM_LISTS, "Upstream lists (initial syncs, relists, probes).");
+    describe_counter!(
+        UPSTREAM_LISTS,
+        "Upstream lists (initial syncs, relists, probes)."
+    );
     describe_counter!(UPSTREAM_ERRORS, "Failed upstream lists and watches.");
     describe_counter!(RELIST_EVENTS, "Synthetic events emitted by relist diffs.");
     describe_histogram!(

@@ -48,9 +48,8 @@ impl Registry {
         let sources = &self.sources;
         let entry = self.entries.entry(key.clone()).or_insert_with(|| {
             let status = Arc::new(KeyStatus::default());
-            let addr =
-                CachedObject::new(key.clone(), cfg.clone(), sources.clone(), status.clone())
-                    .start();
+            let addr = CachedObject::new(key.clone(), cfg.clone(), sources.clone(), status.clone())
+                .start();
             tracing::info!(key = %key, "caching key");
             Entry {
                 addr,

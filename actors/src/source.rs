@@ -272,7 +272,13 @@ impl Run {
     fn frozen(&self, items: &[Value]) -> bool {
         self.cfg.immutable_stop_watch
             && self.key.may_hold_immutable()
-            && matches!(self.key.scope, Scope::Name { namespace: Some(_), .. })
+            && matches!(
+                self.key.scope,
+                Scope::Name {
+                    namespace: Some(_),
+                    ..
+                }
+            )
             && !items.is_empty()
             && items.iter().all(is_immutable)
     }
@@ -367,12 +373,13 @@ impl Run {
             ("timeoutSeconds", timeout.to_string()),
         ]);
         let key = self.key.to_string();
-        let req = http::Request::get(uri)
-            .body(Vec::new())
-            .map_err(|e| Error::WatchStartFailed {
-                key: key.clone(),
-                source: kube::Error::HttpError(e),
-            })?;
+        let req =
+            http::Request::get(uri)
+                .body(Vec::new())
+                .map_err(|e| Error::WatchStartFailed {
+                    key: key.clone(),
+                    source: kube::Error::HttpError(e),
+                })?;
         let stream = match self.client.request_events::<Value>(req).await {
             Ok(s) => s,
             Err(kube::Error::Api(s)) if s.code == 410 => return Ok(WatchEnd::Gone),

@@ -150,10 +150,22 @@ async fn serve_cached(
                     || o.pointer("/metadata/namespace").and_then(Value::as_str) == namespace)
         });
         let Some(obj) = obj else {
-            return Err(ApiError::not_found(&resource.group, &resource.resource, name));
+            return Err(ApiError::not_found(
+                &resource.group,
+                &resource.resource,
+                name,
+            ));
         };
         let body = match table {
-            Some(v) => table::to_table(v, &resource.group, &resource.resource, &[obj.as_ref()], list_meta, include, now_secs()),
+            Some(v) => table::to_table(
+                v,
+                &resource.group,
+                &resource.resource,
+                &[obj.as_ref()],
+                list_meta,
+                include,
+                now_secs(),
+            ),
             None => obj.as_ref().clone(),
         };
         return Ok(Served::Response(json_response(&body)));
@@ -165,7 +177,15 @@ async fn serve_cached(
         .filter(|o| filter.matches(o))
         .collect();
     let body = match table {
-        Some(v) => table::to_table(v, &resource.group, &resource.resource, &items, list_meta, include, now_secs()),
+        Some(v) => table::to_table(
+            v,
+            &resource.group,
+            &resource.resource,
+            &items,
+            list_meta,
+            include,
+            now_secs(),
+        ),
         None => json!({
             "kind": format!("{}List", resource.kind),
             "apiVersion": resource.api_version(),

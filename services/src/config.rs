@@ -22,7 +22,9 @@ pub enum Error {
         #[source]
         source: toml::de::Error,
     },
-    #[error("invalid resource {0:?} in config: want group/version/resource with kind and namespaced")]
+    #[error(
+        "invalid resource {0:?} in config: want group/version/resource with kind and namespaced"
+    )]
     InvalidResource(String),
 }
 
@@ -130,8 +132,16 @@ impl Config {
                     r.group, r.version, r.resource
                 )));
             }
-            out.retain(|t| !(t.group == r.group && t.version == r.version && t.resource == r.resource));
-            out.push(ResourceType::new(&r.group, &r.version, &r.resource, &r.kind, r.namespaced));
+            out.retain(|t| {
+                !(t.group == r.group && t.version == r.version && t.resource == r.resource)
+            });
+            out.push(ResourceType::new(
+                &r.group,
+                &r.version,
+                &r.resource,
+                &r.kind,
+                r.namespaced,
+            ));
         }
         Ok(out)
     }
@@ -149,8 +159,14 @@ mod tests {
         assert_eq!(cfg.cache.window_capacity, def.cache.window_capacity);
         assert_eq!(cfg.cache.grace_period_secs, def.cache.grace_period_secs);
         assert_eq!(cfg.cache.watcher_buffer, def.cache.watcher_buffer);
-        assert_eq!(cfg.cache.upstream_watch_timeout_secs, def.cache.upstream_watch_timeout_secs);
-        assert_eq!(cfg.server.min_request_timeout_secs, def.server.min_request_timeout_secs);
+        assert_eq!(
+            cfg.cache.upstream_watch_timeout_secs,
+            def.cache.upstream_watch_timeout_secs
+        );
+        assert_eq!(
+            cfg.server.min_request_timeout_secs,
+            def.server.min_request_timeout_secs
+        );
         assert_eq!(cfg.auth.token_cache_ttl_secs, def.auth.token_cache_ttl_secs);
         assert_eq!(cfg.resource_types().expect("valid").len(), 6);
     }
@@ -169,7 +185,9 @@ namespaced = true
         .expect("parses");
         let types = cfg.resource_types().expect("valid");
         assert_eq!(types.len(), 7);
-        assert!(types.iter().any(|t| t.group == "apps" && t.resource == "deployments"));
+        assert!(types
+            .iter()
+            .any(|t| t.group == "apps" && t.resource == "deployments"));
         assert!(toml::from_str::<Config>("[cache]\nbogus = 1\n").is_err());
     }
 }

@@ -6,6 +6,7 @@
 //! - [`auth`]: TokenReview authentication.
 //! - [`table`]: `as=Table` answers for `kubectl get`.
 //! - [`status`]: Kubernetes `Status` errors.
+//! - [`tls`]: serving certificates.
 
 pub mod api;
 pub mod auth;
@@ -15,3 +16,4 @@ pub mod request;
 pub mod server;
 pub mod status;
 pub mod table;
+pub mod tls;

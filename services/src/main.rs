@@ -5,9 +5,14 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use kcache::config::Config;
+use kcache::server::Serving;
 
 #[derive(Parser)]
-#[command(name = "kcache", version, about = "A horizontally scaled cache tier for the Kubernetes list/watch API")]
+#[command(
+    name = "kcache",
+    version,
+    about = "A horizontally scaled cache tier for the Kubernetes list/watch API"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -34,6 +39,15 @@ struct ServeArgs {
     /// Replica id shown in /debug/keys (default: the config's, else the hostname).
     #[arg(long, env = "KCACHE_REPLICA_ID")]
     replica_id: Option<String>,
+    /// PEM certificate (chain) to serve; without it a self-signed one is generated.
+    #[arg(long, env = "KCACHE_TLS_CERT_FILE")]
+    tls_cert_file: Option<PathBuf>,
+    /// PEM private key of --tls-cert-file.
+    #[arg(long, env = "KCACHE_TLS_PRIVATE_KEY_FILE")]
+    tls_private_key_file: Option<PathBuf>,
+    /// Serve plain HTTP instead of HTTPS (local use only: kubectl sends no token over it).
+    #[arg(long, env = "KCACHE_INSECURE_HTTP")]
+    insecure_http: bool,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "KCACHE_LOG_JSON")]
     log_json: bool,
@@ -66,8 +80,30 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         None => kube::Config::infer().await?,
     };
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    let serving = if args.insecure_http {
+        Serving::Plain
+    } else {
+        let host = args
+            .listen
+            .rsplit_once(':')
+            .map(|(h, _)| h.trim_matches(['[', ']']).to_string());
+        let tls = kcache::tls::server_config(
+            args.tls_cert_file.as_deref(),
+            args.tls_private_key_file.as_deref(),
+            &host.into_iter().collect::<Vec<_>>(),
+        )?;
+        Serving::Tls(Box::new(tls))
+    };
     let listener = TcpListener::bind(&args.listen)?;
-    kcache::server::run(cfg, kube_config, listener, metrics, shutdown_signal()).await?;
+    kcache::server::run(
+        cfg,
+        kube_config,
+        listener,
+        serving,
+        metrics,
+        shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }
 
@@ -97,7 +133,9 @@ async fn shutdown_signal() {
 fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("KCACHE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {

@@ -45,11 +45,7 @@ impl Proxy {
         req: &HttpRequest,
         body: web::Payload,
     ) -> Result<HttpResponse, ApiError> {
-        if req
-            .headers()
-            .get("upgrade")
-            .is_some_and(|v| !v.is_empty())
-        {
+        if req.headers().get("upgrade").is_some_and(|v| !v.is_empty()) {
             return Err(ApiError::bad_request(
                 "kcache does not proxy connection upgrades (exec, attach, port-forward); use the API server directly",
             ));
@@ -61,13 +57,16 @@ impl Proxy {
                 format!("request body larger than {} bytes", self.max_body),
             )
         })?;
-        let bytes = bytes.map_err(|e| ApiError::bad_request(format!("reading request body: {e}")))?;
+        let bytes =
+            bytes.map_err(|e| ApiError::bad_request(format!("reading request body: {e}")))?;
         let uri = req
             .uri()
             .path_and_query()
             .map(|pq| pq.as_str().to_string())
             .unwrap_or_else(|| req.path().to_string());
-        let mut builder = http::Request::builder().method(req.method().as_str()).uri(uri);
+        let mut builder = http::Request::builder()
+            .method(req.method().as_str())
+            .uri(uri);
         for (name, value) in req.headers() {
             if HOP_BY_HOP.contains(&name.as_str()) {
                 continue;
@@ -81,7 +80,8 @@ impl Proxy {
             tracing::warn!(error = %e, "proxying to the API server failed");
             ApiError::service_unavailable(format!("the API server is unreachable: {e}"))
         })?;
-        let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+        let status =
+            StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
         metrics::counter!("kcache_proxied_requests_total", "code" => status.as_u16().to_string())
             .increment(1);
         let mut out = HttpResponse::build(status);

@@ -140,7 +140,8 @@ pub fn parse_query(q: &str) -> Result<Query, ApiError> {
 
 impl Query {
     pub fn rv(&self) -> Result<Rv, ApiError> {
-        Rv::parse(self.resource_version.as_deref()).map_err(|e| ApiError::bad_request(e.to_string()))
+        Rv::parse(self.resource_version.as_deref())
+            .map_err(|e| ApiError::bad_request(e.to_string()))
     }
 
     pub fn rv_match(&self) -> Result<Option<RvMatch>, ApiError> {
@@ -153,7 +154,12 @@ impl Query {
 mod tests {
     use super::*;
 
-    fn rp(ns: Option<&str>, res: &str, name: Option<&str>, sub: Option<&str>) -> Option<ResourcePath> {
+    fn rp(
+        ns: Option<&str>,
+        res: &str,
+        name: Option<&str>,
+        sub: Option<&str>,
+    ) -> Option<ResourcePath> {
         Some(ResourcePath {
             group: String::new(),
             version: "v1".into(),
@@ -166,24 +172,64 @@ mod tests {
 
     #[test]
     fn request_info_paths() {
-        assert_eq!(parse_path("/api/v1/secrets"), rp(None, "secrets", None, None));
-        assert_eq!(parse_path("/api/v1/namespaces/a/secrets"), rp(Some("a"), "secrets", None, None));
-        assert_eq!(parse_path("/api/v1/namespaces/a/secrets/s"), rp(Some("a"), "secrets", Some("s"), None));
-        assert_eq!(parse_path("/api/v1/namespaces/a/pods/p/log"), rp(Some("a"), "pods", Some("p"), Some("log")));
-        assert_eq!(parse_path("/api/v1/namespaces"), rp(None, "namespaces", None, None));
-        assert_eq!(parse_path("/api/v1/namespaces/a"), rp(Some("a"), "namespaces", Some("a"), None));
-        assert_eq!(parse_path("/api/v1/namespaces/a/status"), rp(Some("a"), "namespaces", Some("a"), Some("status")));
+        assert_eq!(
+            parse_path("/api/v1/secrets"),
+            rp(None, "secrets", None, None)
+        );
+        assert_eq!(
+            parse_path("/api/v1/namespaces/a/secrets"),
+            rp(Some("a"), "secrets", None, None)
+        );
+        assert_eq!(
+            parse_path("/api/v1/namespaces/a/secrets/s"),
+            rp(Some("a"), "secrets", Some("s"), None)
+        );
+        assert_eq!(
+            parse_path("/api/v1/namespaces/a/pods/p/log"),
+            rp(Some("a"), "pods", Some("p"), Some("log"))
+        );
+        assert_eq!(
+            parse_path("/api/v1/namespaces"),
+            rp(None, "namespaces", None, None)
+        );
+        assert_eq!(
+            parse_path("/api/v1/namespaces/a"),
+            rp(Some("a"), "namespaces", Some("a"), None)
+        );
+        assert_eq!(
+            parse_path("/api/v1/namespaces/a/status"),
+            rp(Some("a"), "namespaces", Some("a"), Some("status"))
+        );
         let d = parse_path("/apis/apps/v1/namespaces/a/deployments/d").expect("resource");
-        assert_eq!((d.group.as_str(), d.resource.as_str(), d.name.as_deref()), ("apps", "deployments", Some("d")));
-        for other in ["/api", "/api/v1", "/apis", "/apis/apps/v1", "/version", "/api/v1/watch/secrets", "/healthz", "/api/v1/namespaces/a/pods/p/x/y", "/api/v1//secrets"] {
+        assert_eq!(
+            (d.group.as_str(), d.resource.as_str(), d.name.as_deref()),
+            ("apps", "deployments", Some("d"))
+        );
+        for other in [
+            "/api",
+            "/api/v1",
+            "/apis",
+            "/apis/apps/v1",
+            "/version",
+            "/api/v1/watch/secrets",
+            "/healthz",
+            "/api/v1/namespaces/a/pods/p/x/y",
+            "/api/v1//secrets",
+        ] {
             assert_eq!(parse_path(other), None, "{other}");
         }
-        assert_eq!(parse_path("/api/v1/namespaces/a/secrets/s%2Ex"), rp(Some("a"), "secrets", Some("s.x"), None));
+        assert_eq!(
+            parse_path("/api/v1/namespaces/a/secrets/s%2Ex"),
+            rp(Some("a"), "secrets", Some("s.x"), None)
+        );
     }
 
     #[test]
     fn first_value_wins() {
-        let q = parse_query("fieldSelector=metadata.name%3Ds1&fieldSelector=metadata.name%3Ds2&watch=1").expect("valid");
+        let q = parse_query(
+            "fieldSelector=metadata.name%3Ds1&fieldSelector=metadata.name%3Ds2&watch=1",
+        )
+        .expect("valid");
         assert_eq!(q.field_selector, "metadata.name=s1");
         assert!(q.watch);
         let q = parse_query("watch=true&watch=false").expect("valid");
@@ -192,11 +238,22 @@ mod tests {
 
     #[test]
     fn malformed_parameters_are_400s() {
-        for bad in ["watch=yes", "timeoutSeconds=-1", "timeoutSeconds=x", "limit=abc", "allowWatchBookmarks=2"] {
+        for bad in [
+            "watch=yes",
+            "timeoutSeconds=-1",
+            "timeoutSeconds=x",
+            "limit=abc",
+            "allowWatchBookmarks=2",
+        ] {
             let e = parse_query(bad).expect_err(bad);
             assert_eq!(e.code, 400, "{bad}");
         }
-        assert_eq!(parse_query(&"a".repeat(MAX_QUERY_BYTES + 1)).expect_err("long").code, 414);
+        assert_eq!(
+            parse_query(&"a".repeat(MAX_QUERY_BYTES + 1))
+                .expect_err("long")
+                .code,
+            414
+        );
         let q = parse_query("resourceVersion=abc").expect("parsed");
         assert_eq!(q.rv().expect_err("bad rv").code, 400);
         let q = parse_query("resourceVersion=5&resourceVersionMatch=Sometimes").expect("parsed");

@@ -50,10 +50,20 @@ impl Health {
     }
 }
 
+/// How the API listener serves.
+pub enum Serving {
+    /// HTTPS (HTTP/2 via ALPN and HTTP/1.1) — the default.
+    Tls(Box<rustls::ServerConfig>),
+    /// Plain HTTP, only with an explicit flag for local use: client-go sends no bearer
+    /// token over plain HTTP, so kubectl cannot authenticate against it.
+    Plain,
+}
+
 pub async fn run(
     cfg: Config,
     kube_config: kube::Config,
     listener: TcpListener,
+    serving: Serving,
     metrics: PrometheusHandle,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
@@ -93,7 +103,12 @@ pub async fn run(
         registry: registry.clone(),
         resources: resources
             .into_iter()
-            .map(|r| ((r.group.clone(), r.version.clone(), r.resource.clone()), Arc::new(r)))
+            .map(|r| {
+                (
+                    (r.group.clone(), r.version.clone(), r.resource.clone()),
+                    Arc::new(r),
+                )
+            })
             .collect::<HashMap<_, _>>(),
         auth: Authenticator::new(
             client,
@@ -126,8 +141,12 @@ pub async fn run(
     if cfg.server.workers > 0 {
         server = server.workers(cfg.server.workers);
     }
-    let server = server.listen(listener).map_err(Error::Serve)?.run();
-    tracing::info!(%addr, %replica, "kcache listening");
+    let (server, scheme) = match serving {
+        Serving::Tls(tls) => (server.listen_rustls_0_23(listener, *tls), "https"),
+        Serving::Plain => (server.listen(listener), "http"),
+    };
+    let server = server.map_err(Error::Serve)?.run();
+    tracing::info!(%addr, %scheme, %replica, "kcache listening");
     let handle = server.handle();
     let mut server = std::pin::pin!(server);
     tokio::select! {

@@ -100,7 +100,10 @@ mod tests {
         assert_eq!(next_bookmark_time(0, Some(600_000), 60_000), Some(60_000));
         // Past the pre-timeout point: no more bookmarks.
         assert_eq!(next_bookmark_time(29_000, Some(30_000), 60_000), None);
-        assert_eq!(next_bookmark_time(28_000, Some(30_000), 60_000), Some(28_000));
+        assert_eq!(
+            next_bookmark_time(28_000, Some(30_000), 60_000),
+            Some(28_000)
+        );
     }
 
     #[test]
@@ -130,6 +133,9 @@ mod tests {
         );
         let end = bookmark_line(&r, 7, true);
         let v: serde_json::Value = serde_json::from_slice(&end).expect("json");
-        assert_eq!(v["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"], "true");
+        assert_eq!(
+            v["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+            "true"
+        );
     }
 }

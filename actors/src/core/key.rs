@@ -154,7 +154,9 @@ pub fn route(
     name: Option<&str>,
     field: &FieldSelector,
 ) -> Key {
-    let namespace = namespace.filter(|_| resource.namespaced).map(str::to_string);
+    let namespace = namespace
+        .filter(|_| resource.namespaced)
+        .map(str::to_string);
     let scope = if let Some(name) = name.or_else(|| field.equality_value("metadata.name")) {
         Scope::Name {
             namespace,
@@ -185,7 +187,13 @@ mod tests {
         Arc::new(ResourceType::new("", "v1", "pods", "Pod", true))
     }
     fn namespaces() -> Arc<ResourceType> {
-        Arc::new(ResourceType::new("", "v1", "namespaces", "Namespace", false))
+        Arc::new(ResourceType::new(
+            "",
+            "v1",
+            "namespaces",
+            "Namespace",
+            false,
+        ))
     }
     fn fs(s: &str) -> FieldSelector {
         FieldSelector::parse(s).expect("valid selector")
@@ -194,18 +202,72 @@ mod tests {
     #[test]
     fn routing_table() {
         let cases: Vec<(Arc<ResourceType>, Option<&str>, Option<&str>, &str, &str)> = vec![
-            (secrets(), Some("a"), Some("s1"), "", "/api/v1/namespaces/a/secrets/s1"),
-            (secrets(), Some("a"), None, "metadata.name=s1", "/api/v1/namespaces/a/secrets/s1"),
-            (secrets(), Some("a"), None, "metadata.name=s1,type=Opaque", "/api/v1/namespaces/a/secrets/s1"),
-            (secrets(), None, None, "metadata.name=s1", "/api/v1/secrets/s1"),
-            (secrets(), Some("a"), None, "type=Opaque", "/api/v1/namespaces/a/secrets"),
-            (secrets(), Some("a"), None, "metadata.name!=s1", "/api/v1/namespaces/a/secrets"),
+            (
+                secrets(),
+                Some("a"),
+                Some("s1"),
+                "",
+                "/api/v1/namespaces/a/secrets/s1",
+            ),
+            (
+                secrets(),
+                Some("a"),
+                None,
+                "metadata.name=s1",
+                "/api/v1/namespaces/a/secrets/s1",
+            ),
+            (
+                secrets(),
+                Some("a"),
+                None,
+                "metadata.name=s1,type=Opaque",
+                "/api/v1/namespaces/a/secrets/s1",
+            ),
+            (
+                secrets(),
+                None,
+                None,
+                "metadata.name=s1",
+                "/api/v1/secrets/s1",
+            ),
+            (
+                secrets(),
+                Some("a"),
+                None,
+                "type=Opaque",
+                "/api/v1/namespaces/a/secrets",
+            ),
+            (
+                secrets(),
+                Some("a"),
+                None,
+                "metadata.name!=s1",
+                "/api/v1/namespaces/a/secrets",
+            ),
             (secrets(), None, None, "", "/api/v1/secrets"),
-            (pods(), None, None, "spec.nodeName=n1", "/api/v1/pods?fieldSelector=spec.nodeName=n1"),
+            (
+                pods(),
+                None,
+                None,
+                "spec.nodeName=n1",
+                "/api/v1/pods?fieldSelector=spec.nodeName=n1",
+            ),
             // A node selector inside a namespace stays a namespace key with a filter.
-            (pods(), Some("a"), None, "spec.nodeName=n1", "/api/v1/namespaces/a/pods"),
+            (
+                pods(),
+                Some("a"),
+                None,
+                "spec.nodeName=n1",
+                "/api/v1/namespaces/a/pods",
+            ),
             (secrets(), None, None, "spec.nodeName=n1", "/api/v1/secrets"),
-            (namespaces(), None, Some("kube-system"), "", "/api/v1/namespaces/kube-system"),
+            (
+                namespaces(),
+                None,
+                Some("kube-system"),
+                "",
+                "/api/v1/namespaces/kube-system",
+            ),
             // A namespace on a cluster-scoped resource is ignored, as the API path has none.
             (namespaces(), Some("x"), None, "", "/api/v1/namespaces"),
         ];
@@ -219,11 +281,17 @@ mod tests {
     fn upstream_request_of_each_scope() {
         let k = route(&secrets(), Some("a"), Some("s1"), &fs(""));
         assert_eq!(k.upstream_path(), "/api/v1/namespaces/a/secrets");
-        assert_eq!(k.upstream_field_selector().as_deref(), Some("metadata.name=s1"));
+        assert_eq!(
+            k.upstream_field_selector().as_deref(),
+            Some("metadata.name=s1")
+        );
         assert!(k.may_hold_immutable());
         let k = route(&pods(), None, None, &fs("spec.nodeName=n1"));
         assert_eq!(k.upstream_path(), "/api/v1/pods");
-        assert_eq!(k.upstream_field_selector().as_deref(), Some("spec.nodeName=n1"));
+        assert_eq!(
+            k.upstream_field_selector().as_deref(),
+            Some("spec.nodeName=n1")
+        );
         assert!(!k.may_hold_immutable());
         let k = route(&secrets(), Some("a"), None, &fs(""));
         assert_eq!(k.upstream_field_selector(), None);
@@ -234,7 +302,10 @@ mod tests {
     fn group_paths() {
         let d = ResourceType::new("apps", "v1", "deployments", "Deployment", true);
         assert_eq!(d.api_version(), "apps/v1");
-        assert_eq!(d.collection_path(Some("n")), "/apis/apps/v1/namespaces/n/deployments");
+        assert_eq!(
+            d.collection_path(Some("n")),
+            "/apis/apps/v1/namespaces/n/deployments"
+        );
         assert_eq!(d.collection_path(None), "/apis/apps/v1/deployments");
     }
 }

@@ -95,7 +95,16 @@ mod tests {
     }
     fn summary(c: &[Change]) -> Vec<(EventType, String, u64)> {
         c.iter()
-            .map(|c| (c.kind, c.object["metadata"]["name"].as_str().unwrap_or("").to_string(), c.rv))
+            .map(|c| {
+                (
+                    c.kind,
+                    c.object["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string(),
+                    c.rv,
+                )
+            })
             .collect()
     }
 
@@ -107,7 +116,12 @@ mod tests {
 
     #[test]
     fn adds_modifies_replaces_and_deletes_in_rv_order() {
-        let s = store(&[obj("a", "1", 5), obj("b", "2", 6), obj("c", "3", 7), obj("d", "4", 8)]);
+        let s = store(&[
+            obj("a", "1", 5),
+            obj("b", "2", 6),
+            obj("c", "3", 7),
+            obj("d", "4", 8),
+        ]);
         let listed = vec![
             obj("a", "1", 5),  // unchanged
             obj("b", "2", 30), // modified

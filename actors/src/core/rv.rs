@@ -220,7 +220,10 @@ mod tests {
         assert_eq!(Rv::parse(Some("0")), Ok(Rv::Any));
         assert_eq!(Rv::parse(Some("17")), Ok(Rv::At(17)));
         for bad in ["abc", "-1", "1.5", " 1", "99999999999999999999999"] {
-            assert!(matches!(Rv::parse(Some(bad)), Err(Error::InvalidResourceVersion(_))), "{bad}");
+            assert!(
+                matches!(Rv::parse(Some(bad)), Err(Error::InvalidResourceVersion(_))),
+                "{bad}"
+            );
         }
     }
 
@@ -228,7 +231,10 @@ mod tests {
     fn parse_match_and_bool() {
         assert_eq!(RvMatch::parse(None), Ok(None));
         assert_eq!(RvMatch::parse(Some("Exact")), Ok(Some(RvMatch::Exact)));
-        assert_eq!(RvMatch::parse(Some("NotOlderThan")), Ok(Some(RvMatch::NotOlderThan)));
+        assert_eq!(
+            RvMatch::parse(Some("NotOlderThan")),
+            Ok(Some(RvMatch::NotOlderThan))
+        );
         assert!(RvMatch::parse(Some("notolderthan")).is_err());
         assert_eq!(parse_bool("watch", Some("1")), Ok(Some(true)));
         assert_eq!(parse_bool("watch", Some("False")), Ok(Some(false)));
@@ -246,40 +252,126 @@ mod tests {
             (Rv::Any, None, None, false, Ok(Cache { min_rv: 0 })),
             (Rv::Any, None, Some(500), false, Ok(Cache { min_rv: 0 })),
             (Rv::At(5), None, None, false, Ok(Cache { min_rv: 5 })),
-            (Rv::At(5), Some(NotOlderThan), None, false, Ok(Cache { min_rv: 5 })),
-            (Rv::Any, Some(NotOlderThan), None, false, Ok(Cache { min_rv: 0 })),
+            (
+                Rv::At(5),
+                Some(NotOlderThan),
+                None,
+                false,
+                Ok(Cache { min_rv: 5 }),
+            ),
+            (
+                Rv::Any,
+                Some(NotOlderThan),
+                None,
+                false,
+                Ok(Cache { min_rv: 0 }),
+            ),
             (Rv::At(5), None, Some(10), false, Ok(Upstream)),
             (Rv::At(5), Some(Exact), None, false, Ok(Upstream)),
             (Rv::Unset, None, None, true, Ok(Upstream)),
-            (Rv::Unset, Some(Exact), None, false, Err(Error::MatchWithoutResourceVersion)),
+            (
+                Rv::Unset,
+                Some(Exact),
+                None,
+                false,
+                Err(Error::MatchWithoutResourceVersion),
+            ),
             (Rv::Any, Some(Exact), None, false, Err(Error::ExactZero)),
-            (Rv::At(5), Some(NotOlderThan), None, true, Err(Error::MatchWithContinue)),
+            (
+                Rv::At(5),
+                Some(NotOlderThan),
+                None,
+                true,
+                Err(Error::MatchWithContinue),
+            ),
         ];
         for (rv, m, limit, cont, want) in cases {
-            assert_eq!(plan_list(rv, m, limit, cont), want, "{rv:?} {m:?} {limit:?} {cont}");
+            assert_eq!(
+                plan_list(rv, m, limit, cont),
+                want,
+                "{rv:?} {m:?} {limit:?} {cont}"
+            );
         }
     }
 
     #[test]
     fn watch_plans() {
         use RvMatch::*;
-        let w = |initial, end, from| Ok(WatchPlan { initial_events: initial, initial_events_end_bookmark: end, from_rv: from });
+        let w = |initial, end, from| {
+            Ok(WatchPlan {
+                initial_events: initial,
+                initial_events_end_bookmark: end,
+                from_rv: from,
+            })
+        };
         let cases = [
             (Rv::Unset, None, None, false, w(true, false, 0)),
             (Rv::Any, None, None, false, w(true, false, 0)),
             (Rv::At(7), None, None, true, w(false, false, 7)),
-            (Rv::At(7), Some(NotOlderThan), None, true, Err(Error::MatchOnWatch)),
+            (
+                Rv::At(7),
+                Some(NotOlderThan),
+                None,
+                true,
+                Err(Error::MatchOnWatch),
+            ),
             (Rv::At(7), Some(Exact), None, true, Err(Error::MatchOnWatch)),
-            (Rv::Unset, Some(NotOlderThan), Some(true), true, w(true, true, 0)),
-            (Rv::At(7), Some(NotOlderThan), Some(true), true, w(true, true, 7)),
-            (Rv::At(7), Some(NotOlderThan), Some(true), false, Err(Error::SendInitialEventsNeedsNotOlderThan)),
-            (Rv::At(7), None, Some(true), true, Err(Error::SendInitialEventsNeedsNotOlderThan)),
-            (Rv::At(7), Some(Exact), Some(true), true, Err(Error::SendInitialEventsNeedsNotOlderThan)),
-            (Rv::At(7), Some(NotOlderThan), Some(false), false, w(false, false, 7)),
-            (Rv::Unset, Some(NotOlderThan), Some(false), false, w(false, false, 0)),
+            (
+                Rv::Unset,
+                Some(NotOlderThan),
+                Some(true),
+                true,
+                w(true, true, 0),
+            ),
+            (
+                Rv::At(7),
+                Some(NotOlderThan),
+                Some(true),
+                true,
+                w(true, true, 7),
+            ),
+            (
+                Rv::At(7),
+                Some(NotOlderThan),
+                Some(true),
+                false,
+                Err(Error::SendInitialEventsNeedsNotOlderThan),
+            ),
+            (
+                Rv::At(7),
+                None,
+                Some(true),
+                true,
+                Err(Error::SendInitialEventsNeedsNotOlderThan),
+            ),
+            (
+                Rv::At(7),
+                Some(Exact),
+                Some(true),
+                true,
+                Err(Error::SendInitialEventsNeedsNotOlderThan),
+            ),
+            (
+                Rv::At(7),
+                Some(NotOlderThan),
+                Some(false),
+                false,
+                w(false, false, 7),
+            ),
+            (
+                Rv::Unset,
+                Some(NotOlderThan),
+                Some(false),
+                false,
+                w(false, false, 0),
+            ),
         ];
         for (rv, m, sie, bm, want) in cases {
-            assert_eq!(plan_watch(rv, m, sie, bm), want, "{rv:?} {m:?} {sie:?} {bm}");
+            assert_eq!(
+                plan_watch(rv, m, sie, bm),
+                want,
+                "{rv:?} {m:?} {sie:?} {bm}"
+            );
         }
     }
 

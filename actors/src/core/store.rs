@@ -60,15 +60,33 @@ mod tests {
     #[test]
     fn upsert_replace_remove() {
         let mut s = Store::new();
-        assert!(s.upsert(Arc::new(json!({"metadata": {"name": "b", "namespace": "n"}}))).is_none());
-        assert!(s.upsert(Arc::new(json!({"metadata": {"name": "a", "namespace": "n"}}))).is_none());
-        let prev = s.upsert(Arc::new(json!({"metadata": {"name": "a", "namespace": "n", "resourceVersion": "2"}})));
+        assert!(s
+            .upsert(Arc::new(
+                json!({"metadata": {"name": "b", "namespace": "n"}})
+            ))
+            .is_none());
+        assert!(s
+            .upsert(Arc::new(
+                json!({"metadata": {"name": "a", "namespace": "n"}})
+            ))
+            .is_none());
+        let prev = s.upsert(Arc::new(
+            json!({"metadata": {"name": "a", "namespace": "n", "resourceVersion": "2"}}),
+        ));
         assert!(prev.is_some());
         assert_eq!(s.len(), 2);
-        let names: Vec<_> = s.snapshot().iter().map(|o| o["metadata"]["name"].clone()).collect();
+        let names: Vec<_> = s
+            .snapshot()
+            .iter()
+            .map(|o| o["metadata"]["name"].clone())
+            .collect();
         assert_eq!(names, vec![json!("a"), json!("b")]);
-        assert!(s.remove(&json!({"metadata": {"name": "a", "namespace": "n"}})).is_some());
-        assert!(s.remove(&json!({"metadata": {"name": "a", "namespace": "n"}})).is_none());
+        assert!(s
+            .remove(&json!({"metadata": {"name": "a", "namespace": "n"}}))
+            .is_some());
+        assert!(s
+            .remove(&json!({"metadata": {"name": "a", "namespace": "n"}}))
+            .is_none());
         assert_eq!(s.len(), 1);
         assert!(s.get("n/b").is_some());
     }

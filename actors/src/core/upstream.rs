@@ -161,12 +161,33 @@ mod tests {
     fn first_sync_then_watch() {
         let s = State::Empty { from: None };
         assert_eq!(step(s, Input::Start), (s, Action::List { rv: None }));
-        let (s, a) = step(s, Input::Listed { rv: 10, frozen: false });
-        assert_eq!((s, a), (State::Watching { rv: 10 }, Action::Watch { rv: 10 }));
-        let (s, a) = step(s, Input::Progress { rv: 12, frozen: false });
+        let (s, a) = step(
+            s,
+            Input::Listed {
+                rv: 10,
+                frozen: false,
+            },
+        );
+        assert_eq!(
+            (s, a),
+            (State::Watching { rv: 10 }, Action::Watch { rv: 10 })
+        );
+        let (s, a) = step(
+            s,
+            Input::Progress {
+                rv: 12,
+                frozen: false,
+            },
+        );
         assert_eq!((s, a), (State::Watching { rv: 12 }, Action::Continue));
         // RVs never go back, whatever arrives.
-        let (s, _) = step(s, Input::Progress { rv: 11, frozen: false });
+        let (s, _) = step(
+            s,
+            Input::Progress {
+                rv: 11,
+                frozen: false,
+            },
+        );
         assert_eq!(s, State::Watching { rv: 12 });
     }
 
@@ -178,7 +199,10 @@ mod tests {
 
     #[test]
     fn gone_relists_not_older_than_last_rv() {
-        let (s, a) = step(State::Watching { rv: 12 }, Input::WatchFailed { gone: true });
+        let (s, a) = step(
+            State::Watching { rv: 12 },
+            Input::WatchFailed { gone: true },
+        );
         assert_eq!(s, State::Empty { from: Some(12) });
         assert_eq!(a, Action::List { rv: Some(12) });
     }
@@ -186,7 +210,10 @@ mod tests {
     #[test]
     fn other_failures_back_off_and_resume_the_same_state() {
         let s = State::Watching { rv: 12 };
-        assert_eq!(step(s, Input::WatchFailed { gone: false }), (s, Action::Backoff));
+        assert_eq!(
+            step(s, Input::WatchFailed { gone: false }),
+            (s, Action::Backoff)
+        );
         assert_eq!(s.resume(), Action::Watch { rv: 12 });
         let e = State::Empty { from: Some(3) };
         assert_eq!(step(e, Input::ListFailed), (e, Action::Backoff));
@@ -195,12 +222,27 @@ mod tests {
 
     #[test]
     fn immutable_objects_park_and_verify_with_a_consistent_list() {
-        let (s, a) = step(State::Empty { from: None }, Input::Listed { rv: 5, frozen: true });
+        let (s, a) = step(
+            State::Empty { from: None },
+            Input::Listed {
+                rv: 5,
+                frozen: true,
+            },
+        );
         assert_eq!((s, a), (State::Parked { rv: 5 }, Action::Park));
         let (s, a) = step(s, Input::Verify);
-        assert_eq!((s, a), (State::Empty { from: None }, Action::List { rv: None }));
+        assert_eq!(
+            (s, a),
+            (State::Empty { from: None }, Action::List { rv: None })
+        );
         // Becoming immutable during a watch parks too.
-        let (s, a) = step(State::Watching { rv: 5 }, Input::Progress { rv: 6, frozen: true });
+        let (s, a) = step(
+            State::Watching { rv: 5 },
+            Input::Progress {
+                rv: 6,
+                frozen: true,
+            },
+        );
         assert_eq!((s, a), (State::Parked { rv: 6 }, Action::Park));
     }
 
@@ -219,6 +261,9 @@ mod tests {
         // Quiet for over two minutes: back to the start.
         assert_eq!(ms(b.next(200_000, 0.5, None)), 800);
         // Retry-After longer than the backoff wins.
-        assert_eq!(b.next(200_001, 0.5, Some(Duration::from_secs(5))), Duration::from_secs(5));
+        assert_eq!(
+            b.next(200_001, 0.5, Some(Duration::from_secs(5))),
+            Duration::from_secs(5)
+        );
     }
 }

@@ -123,7 +123,13 @@ mod tests {
         assert_eq!(rvs(&w.since(15).unwrap()), Vec::<u64>::new());
         // Newer than anything seen: accepted, nothing to replay (1.20 waits for it).
         assert_eq!(rvs(&w.since(99).unwrap()), Vec::<u64>::new());
-        assert_eq!(w.since(9).unwrap_err(), Error::Expired { requested: 9, oldest: 11 });
+        assert_eq!(
+            w.since(9).unwrap_err(),
+            Error::Expired {
+                requested: 9,
+                oldest: 11
+            }
+        );
     }
 
     #[test]
@@ -148,7 +154,13 @@ mod tests {
         w.push(ev(1, 12));
         w.reset(30);
         assert!(w.is_empty());
-        assert_eq!(w.since(12).unwrap_err(), Error::Expired { requested: 12, oldest: 31 });
+        assert_eq!(
+            w.since(12).unwrap_err(),
+            Error::Expired {
+                requested: 12,
+                oldest: 31
+            }
+        );
         assert!(w.since(30).unwrap().is_empty());
     }
 }

@@ -1,0 +1,284 @@
+//! Watch and read semantics of the cache against a real API server: resourceVersion
+//! rules, in-stream 410, sendInitialEvents, bad input as Status codes, slow consumers.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use support::kcache::Kcache;
+use support::{eventually, TestCluster};
+
+const TOKEN: &str = "admintoken";
+
+struct Http {
+    base: String,
+    client: reqwest::Client,
+}
+
+impl Http {
+    fn new(base: &str) -> Self {
+        Http {
+            base: base.to_string(),
+            client: reqwest::Client::new(),
+        }
+    }
+
+    async fn get(&self, path: &str, token: Option<&str>) -> (u16, Value) {
+        let mut req = self.client.get(format!("{}{}", self.base, path));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.expect("request");
+        let code = resp.status().as_u16();
+        let body = resp.bytes().await.expect("body");
+        (code, serde_json::from_slice(&body).unwrap_or(Value::Null))
+    }
+
+    /// Opens a watch and returns its status and a stream of parsed events.
+    async fn watch(&self, path: &str) -> (u16, tokio::sync::mpsc::Receiver<Value>) {
+        let resp = self
+            .client
+            .get(format!("{}{}", self.base, path))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("watch request");
+        let code = resp.status().as_u16();
+        let (tx, rx) = tokio::sync::mpsc::channel(10_000);
+        tokio::spawn(async move {
+            let mut stream = resp.bytes_stream();
+            let mut buf = Vec::new();
+            while let Some(Ok(chunk)) = stream.next().await {
+                buf.extend_from_slice(&chunk);
+                while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=pos).collect();
+                    if let Ok(v) = serde_json::from_slice::<Value>(&line) {
+                        if tx.send(v).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        (code, rx)
+    }
+}
+
+async fn next_event(rx: &mut tokio::sync::mpsc::Receiver<Value>) -> Value {
+    tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        .await
+        .expect("an event within 20 s")
+        .expect("stream open")
+}
+
+async fn admin(cluster: &TestCluster) -> kube::Client {
+    cluster.kube_client().await
+}
+
+async fn create_ns(client: &kube::Client, ns: &str) {
+    use k8s_openapi::api::core::v1::Namespace;
+    let api: kube::Api<Namespace> = kube::Api::all(client.clone());
+    let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).expect("ns");
+    api.create(&Default::default(), &obj).await.expect("create namespace");
+}
+
+async fn put_secret(client: &kube::Client, ns: &str, name: &str, value: &str) -> String {
+    use k8s_openapi::api::core::v1::Secret;
+    let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), ns);
+    let obj: Secret = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "stringData": {"v": value},
+    }))
+    .expect("secret");
+    let pp = kube::api::PatchParams::apply("test").force();
+    let out = api
+        .patch(name, &pp, &kube::api::Patch::Apply(&obj))
+        .await
+        .expect("apply secret");
+    out.metadata.resource_version.expect("rv")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_status_codes_and_kcache_keeps_serving() {
+    let cluster = TestCluster::start().await;
+    let k = Kcache::start(&cluster, "").await;
+    let http = Http::new(&k.url);
+    let cases: Vec<(&str, Option<&str>, u16)> = vec![
+        ("/api/v1/namespaces/default/secrets?resourceVersion=0", None, 401),
+        ("/api/v1/namespaces/default/secrets?resourceVersion=0", Some("not-a-token"), 401),
+        ("/api/v1/namespaces/default/secrets?resourceVersion=0&labelSelector=a%20in%20(", Some(TOKEN), 400),
+        ("/api/v1/namespaces/default/secrets?resourceVersion=0&labelSelector=!!x", Some(TOKEN), 400),
+        ("/api/v1/namespaces/default/secrets?resourceVersion=0&fieldSelector=spec.nodeName%3Dx", Some(TOKEN), 400),
+        ("/api/v1/namespaces/default/secrets?watch=1&fieldSelector=bogus", Some(TOKEN), 400),
+        ("/api/v1/namespaces/default/secrets?watch=1&resourceVersion=abc", Some(TOKEN), 400),
+        ("/api/v1/namespaces/default/secrets?resourceVersion=abc", Some(TOKEN), 400),
+        ("/api/v1/namespaces/default/secrets?watch=1&resourceVersion=0&resourceVersionMatch=NotOlderThan", Some(TOKEN), 400),
+        ("/api/v1/namespaces/default/secrets?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan", Some(TOKEN), 400),
+        ("/api/v1/namespaces/default/secrets?watch=maybe", Some(TOKEN), 400),
+        ("/api/v1/namespaces/default/secrets?watch=1&timeoutSeconds=-4", Some(TOKEN), 400),
+        ("/api/v1/namespaces/default/secrets?resourceVersion=0&resourceVersionMatch=Exact", Some(TOKEN), 400),
+        ("/api/v1/namespaces/default/frobnicators", Some(TOKEN), 404),
+        ("/api/v1/namespaces/default/secrets/missing?resourceVersion=0", Some(TOKEN), 404),
+        ("/apis/nope.example.com/v1/things", Some(TOKEN), 404),
+    ];
+    for (path, token, want) in cases {
+        let (code, body) = http.get(path, token).await;
+        assert_eq!(code, want, "{path}: {body}");
+        assert_eq!(body["kind"], "Status", "{path}: {body}");
+        assert_eq!(body["code"], want, "{path}: {body}");
+    }
+    let (_, body) = http
+        .get("/api/v1/namespaces/default/secrets?resourceVersion=0&fieldSelector=spec.nodeName%3Dx", Some(TOKEN))
+        .await;
+    assert_eq!(body["message"], "field label not supported: spec.nodeName");
+    // An Accept header with nothing kcache can send is a 406.
+    let resp = reqwest::Client::new()
+        .get(format!("{}/api/v1/namespaces/default/secrets?resourceVersion=0", k.url))
+        .bearer_auth(TOKEN)
+        .header("Accept", "application/vnd.kubernetes.protobuf")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(resp.status().as_u16(), 406);
+    let (code, _) = http.get("/livez", None).await;
+    assert_eq!(code, 200);
+    let (code, body) = http.get("/api/v1/namespaces/default/secrets?resourceVersion=0", Some(TOKEN)).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["kind"], "SecretList");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_resource_version_semantics() {
+    let cluster = TestCluster::start().await;
+    // A small window so an old RV falls out of it quickly.
+    let k = Kcache::start(&cluster, "[cache]\nwindow_capacity = 5\n").await;
+    let http = Http::new(&k.url);
+    let admin = admin(&cluster).await;
+    create_ns(&admin, "rv").await;
+    let rv0: u64 = put_secret(&admin, "rv", "s", "0").await.parse().expect("rv");
+
+    // RV=0: the current state as ADDED, then live events.
+    let (code, mut w0) = http
+        .watch("/api/v1/namespaces/rv/secrets?watch=1&resourceVersion=0&fieldSelector=metadata.name%3Ds")
+        .await;
+    assert_eq!(code, 200);
+    let first = next_event(&mut w0).await;
+    assert_eq!(first["type"], "ADDED");
+    assert_eq!(first["object"]["metadata"]["resourceVersion"], rv0.to_string());
+    let mut rvs = vec![rv0];
+    for i in 1..=8 {
+        rvs.push(put_secret(&admin, "rv", "s", &i.to_string()).await.parse().expect("rv"));
+    }
+    for want in &rvs[1..] {
+        let ev = next_event(&mut w0).await;
+        assert_eq!(ev["type"], "MODIFIED");
+        assert_eq!(ev["object"]["metadata"]["resourceVersion"], want.to_string());
+    }
+
+    // From an RV inside the window: exactly the events after it.
+    let (code, mut w1) = http
+        .watch(&format!("/api/v1/namespaces/rv/secrets?watch=1&resourceVersion={}&fieldSelector=metadata.name%3Ds", rvs[6]))
+        .await;
+    assert_eq!(code, 200);
+    for want in &rvs[7..] {
+        let ev = next_event(&mut w1).await;
+        assert_eq!(ev["object"]["metadata"]["resourceVersion"], want.to_string());
+    }
+
+    // From an RV older than the window: HTTP 200 and an in-stream 410 Expired.
+    let (code, mut w2) = http
+        .watch(&format!("/api/v1/namespaces/rv/secrets?watch=1&resourceVersion={rv0}&fieldSelector=metadata.name%3Ds"))
+        .await;
+    assert_eq!(code, 200);
+    let ev = next_event(&mut w2).await;
+    assert_eq!(ev["type"], "ERROR", "{ev}");
+    assert_eq!(ev["object"]["code"], 410);
+    assert_eq!(ev["object"]["reason"], "Expired");
+
+    // From an RV newer than anything yet: accepted, nothing at or below it is delivered,
+    // bookmarks never go below it.
+    let future = rvs[8] + 1000;
+    let (code, mut w3) = http
+        .watch(&format!("/api/v1/namespaces/rv/secrets?watch=1&resourceVersion={future}&allowWatchBookmarks=true&timeoutSeconds=4&fieldSelector=metadata.name%3Ds"))
+        .await;
+    assert_eq!(code, 200);
+    put_secret(&admin, "rv", "s", "late").await;
+    // The watch times out after 4 s; its pre-timeout bookmark (if any) is at or above `future`.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while let Ok(Some(ev)) = tokio::time::timeout_at(deadline.into(), w3.recv()).await {
+        let rv: u64 = ev["object"]["metadata"]["resourceVersion"].as_str().and_then(|s| s.parse().ok()).expect("rv");
+        assert_eq!(ev["type"], "BOOKMARK", "no object event at or below {future}: {ev}");
+        assert!(rv >= future, "bookmark {rv} below the watch's RV {future}");
+    }
+
+    // sendInitialEvents: the state, then the initial-events-end bookmark.
+    let (code, mut w4) = http
+        .watch("/api/v1/namespaces/rv/secrets?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true")
+        .await;
+    assert_eq!(code, 200);
+    let ev = next_event(&mut w4).await;
+    assert_eq!(ev["type"], "ADDED");
+    let ev = next_event(&mut w4).await;
+    assert_eq!(ev["type"], "BOOKMARK");
+    assert_eq!(ev["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"], "true");
+
+    // A list for an RV newer than the key's progress on a quiet key: the probe establishes
+    // freshness instead of waiting for a bookmark the 1.20 upstream would not send.
+    let latest: u64 = put_secret(&admin, "rv", "other", "x").await.parse().expect("rv");
+    let (code, body) = http
+        .get(&format!("/api/v1/namespaces/rv/secrets?resourceVersion={latest}&fieldSelector=metadata.name%3Ds"), Some(TOKEN))
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let list_rv: u64 = body["metadata"]["resourceVersion"].as_str().and_then(|s| s.parse().ok()).expect("rv");
+    assert!(list_rv >= latest, "list RV {list_rv} older than requested {latest}");
+    // Far in the future: 504 Too large resource version.
+    let (code, body) = http
+        .get(&format!("/api/v1/namespaces/rv/secrets?resourceVersion={}", latest + 1_000_000), Some(TOKEN))
+        .await;
+    assert_eq!(code, 504, "{body}");
+    assert!(body["message"].as_str().unwrap_or("").starts_with("Too large resource version"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_closed_without_delaying_others() {
+    let cluster = TestCluster::start().await;
+    let k = Kcache::start(&cluster, "[cache]\nwatcher_buffer = 4\n").await;
+    let admin = admin(&cluster).await;
+    create_ns(&admin, "slow").await;
+    put_secret(&admin, "slow", "big", "0").await;
+    let base = format!("{}/api/v1/namespaces/slow/secrets?watch=1&resourceVersion=0", k.url);
+    // The slow client: opens the watch, never reads the body.
+    let slow = reqwest::Client::new().get(&base).bearer_auth(TOKEN).send().await.expect("slow watch");
+    assert_eq!(slow.status().as_u16(), 200);
+    let http = Http::new(&k.url);
+    let (_, mut fast) = http.watch("/api/v1/namespaces/slow/secrets?watch=1&resourceVersion=0").await;
+    assert_eq!(next_event(&mut fast).await["type"], "ADDED");
+    let payload = "x".repeat(256 * 1024);
+    let mut latencies = Vec::new();
+    for i in 0..60 {
+        let value = format!("{i}{payload}");
+        let t = Instant::now();
+        put_secret(&admin, "slow", "big", &value).await;
+        let ev = next_event(&mut fast).await;
+        latencies.push(t.elapsed());
+        assert_eq!(ev["type"], "MODIFIED");
+    }
+    eventually("the slow watcher is terminated", Duration::from_secs(20), || async {
+        k.metric("kcache_terminated_watchers_total").await >= 1.0
+    })
+    .await;
+    latencies.sort();
+    println!(
+        "fast watcher write->event latency with a stuck peer: p50 {:?} max {:?}",
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() - 1]
+    );
+    // The slow client's stream was closed by kcache: reading it now ends.
+    let body = tokio::time::timeout(Duration::from_secs(20), slow.bytes())
+        .await
+        .expect("the slow stream ends");
+    let _ = body;
+    drop(fast);
+}

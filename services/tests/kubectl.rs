@@ -1,0 +1,121 @@
+//! kubectl as the judge: pointed at kcache it behaves as against the API server.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use support::kcache::Kcache;
+use support::{eventually, TestCluster};
+
+fn kubectl(server: &str, insecure: bool, args: &[&str]) -> (bool, String, String) {
+    let mut cmd = Command::new("kubectl");
+    cmd.args(["--server", server, "--token", "admintoken"]);
+    if insecure {
+        cmd.arg("--insecure-skip-tls-verify");
+    }
+    // An empty kubeconfig so nothing on the machine leaks in.
+    cmd.env("KUBECONFIG", "/dev/null");
+    let out = cmd.args(args).output().expect("run kubectl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The table without the AGE column (ages may differ by a second between two calls).
+fn without_age(table: &str) -> Vec<Vec<String>> {
+    let mut rows: Vec<Vec<String>> = table
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect();
+    let age = rows
+        .first()
+        .and_then(|h| h.iter().position(|c| c == "AGE"));
+    if let Some(i) = age {
+        for r in &mut rows {
+            if i < r.len() {
+                r.remove(i);
+            }
+        }
+    }
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_against_kcache_matches_the_api_server() {
+    let cluster = TestCluster::start().await;
+    let k = Kcache::start(&cluster, "").await;
+    let ks = k.url.as_str();
+    let up = cluster.url.as_str();
+
+    let (ok, _, err) = kubectl(ks, false, &["create", "namespace", "kc"]);
+    assert!(ok, "create namespace through kcache: {err}");
+    let (ok, _, err) = kubectl(ks, false, &["-n", "kc", "create", "secret", "generic", "s1", "--from-literal=a=b"]);
+    assert!(ok, "create secret through kcache: {err}");
+
+    // Table output: the same rows as the API server's.
+    let (ok, via_kcache, err) = kubectl(ks, false, &["-n", "kc", "get", "secrets"]);
+    assert!(ok, "get secrets: {err}");
+    let (ok, direct, _) = kubectl(up, true, &["-n", "kc", "get", "secrets"]);
+    assert!(ok);
+    assert_eq!(without_age(&via_kcache), without_age(&direct), "kcache:\n{via_kcache}\ndirect:\n{direct}");
+    assert!(via_kcache.contains("s1"), "{via_kcache}");
+
+    // -o json: the same object.
+    let (ok, json_k, err) = kubectl(ks, false, &["-n", "kc", "get", "secret", "s1", "-o", "json"]);
+    assert!(ok, "{err}");
+    let (_, json_d, _) = kubectl(up, true, &["-n", "kc", "get", "secret", "s1", "-o", "json"]);
+    let a: serde_json::Value = serde_json::from_str(&json_k).expect("json from kcache");
+    let b: serde_json::Value = serde_json::from_str(&json_d).expect("json from API server");
+    assert_eq!(a, b);
+
+    // A watch through kcache sees a write made through kcache.
+    let mut watch = Command::new("kubectl")
+        .args(["--server", ks, "--token", "admintoken", "-n", "kc", "get", "secrets", "-w"])
+        .env("KUBECONFIG", "/dev/null")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kubectl get -w");
+    let stdout = watch.stdout.take().expect("stdout");
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = lines.clone();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            sink.lock().expect("lines").push(line);
+        }
+    });
+    let seen = |name: &'static str| {
+        let lines = lines.clone();
+        move || {
+            let found = lines.lock().expect("lines").iter().any(|l| l.starts_with(name));
+            async move { found }
+        }
+    };
+    eventually("the watch lists s1", Duration::from_secs(20), seen("s1 ")).await;
+    // Let the watch request itself reach kcache before writing.
+    eventually("kcache holds the watch", Duration::from_secs(20), || async {
+        k.metric("kcache_registered_watchers").await >= 1.0
+    })
+    .await;
+    let (ok, _, err) = kubectl(ks, false, &["-n", "kc", "create", "secret", "generic", "s2", "--from-literal=x=y"]);
+    assert!(ok, "{err}");
+    eventually("the watch shows s2", Duration::from_secs(20), seen("s2 ")).await;
+    let (ok, _, err) = kubectl(ks, false, &["-n", "kc", "delete", "secret", "s2"]);
+    assert!(ok, "delete through kcache: {err}");
+    let _ = watch.kill();
+    let _ = watch.wait();
+
+    // The watch was served by kcache's cache (one upstream watch for the namespace key).
+    let keys = k.debug_keys().await;
+    let listed: Vec<&str> = keys["keys"]
+        .as_array()
+        .expect("keys")
+        .iter()
+        .filter_map(|e| e["key"].as_str())
+        .collect();
+    assert!(listed.contains(&"/api/v1/namespaces/kc/secrets"), "{keys}");
+}

@@ -1,0 +1,152 @@
+//! Starts the real `kcache` binary against a test cluster, on a free loopback port, and
+//! reads its admin endpoints.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::TestCluster;
+
+pub struct Kcache {
+    pub url: String,
+    pub log: PathBuf,
+    child: Child,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+impl Kcache {
+    /// Starts kcache with the default config plus `extra_toml` (merged by sections: pass
+    /// whole `[cache]` etc. sections), and waits for `/readyz`.
+    pub async fn start(cluster: &TestCluster, extra_toml: &str) -> Kcache {
+        let port = free_port();
+        let dir = cluster.dir_path();
+        let config = dir.join(format!("kcache-{port}.toml"));
+        std::fs::write(&config, extra_toml).expect("write kcache config");
+        let log = dir.join(format!("kcache-{port}.log"));
+        let log_file = std::fs::File::create(&log).expect("create kcache log");
+        let child = Command::new(env!("CARGO_BIN_EXE_kcache"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--kubeconfig")
+            .arg(&cluster.kubeconfig)
+            .arg("--config")
+            .arg(&config)
+            .env("KCACHE_LOG", std::env::var("KCACHE_LOG").unwrap_or_else(|_| "info".into()))
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("start kcache");
+        let mut k = Kcache {
+            url: format!("http://127.0.0.1:{port}"),
+            log,
+            child,
+        };
+        k.wait_ready().await;
+        k
+    }
+
+    async fn wait_ready(&mut self) {
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = http.get(format!("{}/readyz", self.url)).send().await {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("kcache exited ({status}) during start:\n{}", self.log_tail());
+            }
+            assert!(Instant::now() < deadline, "kcache not ready in 30 s:\n{}", self.log_tail());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// A kube-rs config pointing at kcache with `token`.
+    pub fn kube_config(&self, token: &str) -> kube::Config {
+        let mut cfg = kube::Config::new(self.url.parse().expect("kcache url"));
+        cfg.auth_info.token = Some(secrecy::SecretString::new(token.into()));
+        cfg
+    }
+
+    pub fn kube_client(&self, token: &str) -> kube::Client {
+        kube::Client::try_from(self.kube_config(token)).expect("kube client for kcache")
+    }
+
+    /// Sum of every sample of `name` on kcache's /metrics (0 when absent).
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = reqwest::get(format!("{}/metrics", self.url))
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics body");
+        sum_samples(&text, name, None)
+    }
+
+    pub async fn debug_keys(&self) -> serde_json::Value {
+        reqwest::get(format!("{}/debug/keys", self.url))
+            .await
+            .expect("GET /debug/keys")
+            .json()
+            .await
+            .expect("debug keys json")
+    }
+
+    /// Sends SIGTERM (graceful shutdown).
+    pub fn terminate(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+    }
+
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+impl Drop for Kcache {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sums Prometheus text samples named exactly `name`, optionally only those whose label set
+/// contains `label` (e.g. `kind="Secret"`).
+pub fn sum_samples(text: &str, name: &str, label: Option<&str>) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let metric = series.split('{').next()?;
+            if metric != name {
+                return None;
+            }
+            if let Some(label) = label {
+                if !series.contains(label) {
+                    return None;
+                }
+            }
+            value.parse::<f64>().ok()
+        })
+        .sum()
+}
