@@ -13,6 +13,10 @@ pub struct CacheConfig {
     /// Watch lines buffered per downstream watcher before it counts as unresponsive and
     /// is closed (`kcache_terminated_watchers_total`).
     pub watcher_buffer: usize,
+    /// An idle watch writes a bare newline this often. actix-web's HTTP/2 dispatcher only
+    /// notices a client's RST_STREAM (how client-go cancels a watch) when it writes, so
+    /// this bounds how long a cancelled watch lingers. JSON stream decoders skip it.
+    pub watch_keepalive_secs: u64,
     /// Seconds a key stays cached after its last reference, so a reconnecting client does
     /// not restart the upstream watch.
     pub grace_period_secs: u64,
@@ -40,6 +44,7 @@ impl Default for CacheConfig {
         CacheConfig {
             window_capacity: 100,
             watcher_buffer: 100,
+            watch_keepalive_secs: 15,
             grace_period_secs: 30,
             bookmark_frequency_secs: 60,
             upstream_watch_timeout_secs: 120,

@@ -55,6 +55,9 @@ pub struct WatcherSpec {
     pub registry: Addr<Registry>,
     /// Mailbox capacity for events from the CachedObject.
     pub mailbox: usize,
+    /// Write a bare newline when nothing was written for this long (see
+    /// `CacheConfig::watch_keepalive_secs`).
+    pub keepalive: Duration,
 }
 
 pub struct Watcher {
@@ -68,6 +71,7 @@ pub struct Watcher {
     sent_rv: u64,
     started: bool,
     closing: bool,
+    last_write: Instant,
     labels: [(&'static str, String); 2],
 }
 
@@ -85,6 +89,7 @@ impl Watcher {
             last_seq: 0,
             started: false,
             closing: false,
+            last_write: Instant::now(),
             labels,
         }
     }
@@ -94,9 +99,13 @@ impl Watcher {
         if self.closing {
             return false;
         }
+        let keepalive = line.len() == 1;
         match self.spec.body.try_send(line) {
             Ok(()) => {
-                metrics::counter!(m::EVENTS_DISPATCHED, &self.labels).increment(1);
+                self.last_write = Instant::now();
+                if !keepalive {
+                    metrics::counter!(m::EVENTS_DISPATCHED, &self.labels).increment(1);
+                }
                 true
             }
             Err(mpsc::error::TrySendError::Full(_)) => {
@@ -180,7 +189,15 @@ impl Actor for Watcher {
             act.closing = true;
             ctx.stop();
         });
-        // Notice a client that went away even on a quiet key.
+        if !self.spec.keepalive.is_zero() {
+            let every = self.spec.keepalive;
+            ctx.run_interval(every, move |act, ctx| {
+                if act.last_write.elapsed() >= every {
+                    act.push(Bytes::from_static(b"\n"), ctx);
+                }
+            });
+        }
+        // Notice a client that went away even on a quiet key (HTTP/1.1 closes the body).
         let body = self.spec.body.clone();
         ctx.spawn(
             async move { body.closed().await }

@@ -244,6 +244,7 @@ fn watch(
     let registry = state.registry.clone();
     let mailbox = state.cache.watcher_buffer.max(16);
     let allow_bookmarks = q.allow_watch_bookmarks;
+    let keepalive = Duration::from_secs(state.cache.watch_keepalive_secs);
     // Take the reference, then start the watcher on this worker's arbiter; the watcher
     // releases the reference when it stops. Until then the client sees the response head
     // and waits for its first event, as with the API server.
@@ -262,6 +263,7 @@ fn watch(
             cached,
             registry,
             mailbox,
+            keepalive,
         }));
     });
     Ok(HttpResponse::Ok()

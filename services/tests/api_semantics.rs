@@ -21,7 +21,7 @@ impl Http {
     fn new(base: &str) -> Self {
         Http {
             base: base.to_string(),
-            client: reqwest::Client::new(),
+            client: support::insecure_http(),
         }
     }
 
@@ -121,7 +121,6 @@ async fn bad_input_gets_status_codes_and_kcache_keeps_serving() {
         ("/api/v1/namespaces/default/secrets?resourceVersion=0&resourceVersionMatch=Exact", Some(TOKEN), 400),
         ("/api/v1/namespaces/default/frobnicators", Some(TOKEN), 404),
         ("/api/v1/namespaces/default/secrets/missing?resourceVersion=0", Some(TOKEN), 404),
-        ("/apis/nope.example.com/v1/things", Some(TOKEN), 404),
     ];
     for (path, token, want) in cases {
         let (code, body) = http.get(path, token).await;
@@ -129,12 +128,22 @@ async fn bad_input_gets_status_codes_and_kcache_keeps_serving() {
         assert_eq!(body["kind"], "Status", "{path}: {body}");
         assert_eq!(body["code"], want, "{path}: {body}");
     }
+    // An unknown group is proxied: the answer is the API server's own (a plain-text 404).
+    let (code, _) = http.get("/apis/nope.example.com/v1/things", Some(TOKEN)).await;
+    let direct = support::insecure_http()
+        .get(format!("{}/apis/nope.example.com/v1/things", cluster.url))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("direct request");
+    assert_eq!(code, direct.status().as_u16());
+    assert_eq!(code, 404);
     let (_, body) = http
         .get("/api/v1/namespaces/default/secrets?resourceVersion=0&fieldSelector=spec.nodeName%3Dx", Some(TOKEN))
         .await;
     assert_eq!(body["message"], "field label not supported: spec.nodeName");
     // An Accept header with nothing kcache can send is a 406.
-    let resp = reqwest::Client::new()
+    let resp = support::insecure_http()
         .get(format!("{}/api/v1/namespaces/default/secrets?resourceVersion=0", k.url))
         .bearer_auth(TOKEN)
         .header("Accept", "application/vnd.kubernetes.protobuf")
@@ -250,7 +259,7 @@ async fn a_client_that_never_reads_is_closed_without_delaying_others() {
     put_secret(&admin, "slow", "big", "0").await;
     let base = format!("{}/api/v1/namespaces/slow/secrets?watch=1&resourceVersion=0", k.url);
     // The slow client: opens the watch, never reads the body.
-    let slow = reqwest::Client::new().get(&base).bearer_auth(TOKEN).send().await.expect("slow watch");
+    let slow = support::insecure_http().get(&base).bearer_auth(TOKEN).send().await.expect("slow watch");
     assert_eq!(slow.status().as_u16(), 200);
     let http = Http::new(&k.url);
     let (_, mut fast) = http.watch("/api/v1/namespaces/slow/secrets?watch=1&resourceVersion=0").await;

@@ -62,7 +62,7 @@ fn spawn_watch(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousand_single_object_watches_share_one_upstream_watch_per_object() {
     let cluster = TestCluster::start().await;
-    let k = Kcache::start(&cluster, "[cache]\ngrace_period_secs = 2\n").await;
+    let k = Kcache::start(&cluster, "[cache]\ngrace_period_secs = 2\nwatch_keepalive_secs = 1\n").await;
     let admin = cluster.kube_client().await;
     namespace(&admin, "fan").await;
     for i in 0..100 {
@@ -71,6 +71,7 @@ async fn thousand_single_object_watches_share_one_upstream_watch_per_object() {
     let baseline = cluster.registered_watchers("Secret").await;
 
     let http = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
         .pool_max_idle_per_host(0)
         .build()
         .expect("http client");
@@ -100,7 +101,11 @@ async fn thousand_single_object_watches_share_one_upstream_watch_per_object() {
         async move { added.load(Ordering::Relaxed) == 1000 }
     })
     .await;
-    assert_eq!(k.metric("kcache_upstream_watches").await, 100.0);
+    // Upstream watches open right after each key's list, paced by the upstream budget.
+    eventually("exactly 100 upstream watches", Duration::from_secs(20), || async {
+        k.metric("kcache_upstream_watches").await == 100.0
+    })
+    .await;
     assert_eq!(k.metric("kcache_registered_watchers").await, 1000.0);
     eventually("the API server holds 100 more watchers", Duration::from_secs(20), || async {
         cluster.registered_watchers("Secret").await == baseline + 100
@@ -167,7 +172,7 @@ async fn node_pod_watch_sees_exactly_that_nodes_pods() {
     let seen = Arc::new(std::sync::Mutex::new(HashSet::new()));
     let sink = seen.clone();
     let task = spawn_watch(
-        reqwest::Client::new(),
+        support::insecure_http(),
         format!("{}/api/v1/pods?watch=1&resourceVersion=0&fieldSelector=spec.nodeName%3Dn1", k.url),
         move |ev| {
             let o = &ev["object"]["metadata"];

@@ -42,7 +42,7 @@ impl Kcache {
             .spawn()
             .expect("start kcache");
         let mut k = Kcache {
-            url: format!("http://127.0.0.1:{port}"),
+            url: format!("https://127.0.0.1:{port}"),
             log,
             child,
         };
@@ -51,7 +51,7 @@ impl Kcache {
     }
 
     async fn wait_ready(&mut self) {
-        let http = reqwest::Client::new();
+        let http = super::insecure_http();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(r) = http.get(format!("{}/readyz", self.url)).send().await {
@@ -76,6 +76,7 @@ impl Kcache {
     /// A kube-rs config pointing at kcache with `token`.
     pub fn kube_config(&self, token: &str) -> kube::Config {
         let mut cfg = kube::Config::new(self.url.parse().expect("kcache url"));
+        cfg.accept_invalid_certs = true;
         cfg.auth_info.token = Some(secrecy::SecretString::new(token.into()));
         cfg
     }
@@ -86,7 +87,9 @@ impl Kcache {
 
     /// Sum of every sample of `name` on kcache's /metrics (0 when absent).
     pub async fn metric(&self, name: &str) -> f64 {
-        let text = reqwest::get(format!("{}/metrics", self.url))
+        let text = super::insecure_http()
+            .get(format!("{}/metrics", self.url))
+            .send()
             .await
             .expect("GET /metrics")
             .text()
@@ -96,7 +99,9 @@ impl Kcache {
     }
 
     pub async fn debug_keys(&self) -> serde_json::Value {
-        reqwest::get(format!("{}/debug/keys", self.url))
+        super::insecure_http()
+            .get(format!("{}/debug/keys", self.url))
+            .send()
             .await
             .expect("GET /debug/keys")
             .json()
