@@ -23,12 +23,15 @@ use crate::registry::{Registry, Release};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Encodes one object event as a watch line.
+pub type EncodeFn = dyn Fn(EventType, &Value) -> Bytes + Send + Sync;
+
 /// How a watcher writes an object event. JSON shares the key's pre-encoded line; other
 /// encodings (the HTTP layer's `as=Table`) encode per watcher.
 #[derive(Clone)]
 pub enum Encoder {
     Json,
-    Custom(Arc<dyn Fn(EventType, &Value) -> Bytes + Send + Sync>),
+    Custom(Arc<EncodeFn>),
 }
 
 impl Encoder {

@@ -81,7 +81,9 @@ async fn create_ns(client: &kube::Client, ns: &str) {
     use k8s_openapi::api::core::v1::Namespace;
     let api: kube::Api<Namespace> = kube::Api::all(client.clone());
     let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).expect("ns");
-    api.create(&Default::default(), &obj).await.expect("create namespace");
+    api.create(&Default::default(), &obj)
+        .await
+        .expect("create namespace");
 }
 
 async fn put_secret(client: &kube::Client, ns: &str, name: &str, value: &str) -> String {
@@ -129,7 +131,9 @@ async fn bad_input_gets_status_codes_and_kcache_keeps_serving() {
         assert_eq!(body["code"], want, "{path}: {body}");
     }
     // An unknown group is proxied: the answer is the API server's own (a plain-text 404).
-    let (code, _) = http.get("/apis/nope.example.com/v1/things", Some(TOKEN)).await;
+    let (code, _) = http
+        .get("/apis/nope.example.com/v1/things", Some(TOKEN))
+        .await;
     let direct = support::insecure_http()
         .get(format!("{}/apis/nope.example.com/v1/things", cluster.url))
         .bearer_auth(TOKEN)
@@ -139,12 +143,18 @@ async fn bad_input_gets_status_codes_and_kcache_keeps_serving() {
     assert_eq!(code, direct.status().as_u16());
     assert_eq!(code, 404);
     let (_, body) = http
-        .get("/api/v1/namespaces/default/secrets?resourceVersion=0&fieldSelector=spec.nodeName%3Dx", Some(TOKEN))
+        .get(
+            "/api/v1/namespaces/default/secrets?resourceVersion=0&fieldSelector=spec.nodeName%3Dx",
+            Some(TOKEN),
+        )
         .await;
     assert_eq!(body["message"], "field label not supported: spec.nodeName");
     // An Accept header with nothing kcache can send is a 406.
     let resp = support::insecure_http()
-        .get(format!("{}/api/v1/namespaces/default/secrets?resourceVersion=0", k.url))
+        .get(format!(
+            "{}/api/v1/namespaces/default/secrets?resourceVersion=0",
+            k.url
+        ))
         .bearer_auth(TOKEN)
         .header("Accept", "application/vnd.kubernetes.protobuf")
         .send()
@@ -153,7 +163,12 @@ async fn bad_input_gets_status_codes_and_kcache_keeps_serving() {
     assert_eq!(resp.status().as_u16(), 406);
     let (code, _) = http.get("/livez", None).await;
     assert_eq!(code, 200);
-    let (code, body) = http.get("/api/v1/namespaces/default/secrets?resourceVersion=0", Some(TOKEN)).await;
+    let (code, body) = http
+        .get(
+            "/api/v1/namespaces/default/secrets?resourceVersion=0",
+            Some(TOKEN),
+        )
+        .await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["kind"], "SecretList");
 }
@@ -166,7 +181,10 @@ async fn watch_resource_version_semantics() {
     let http = Http::new(&k.url);
     let admin = admin(&cluster).await;
     create_ns(&admin, "rv").await;
-    let rv0: u64 = put_secret(&admin, "rv", "s", "0").await.parse().expect("rv");
+    let rv0: u64 = put_secret(&admin, "rv", "s", "0")
+        .await
+        .parse()
+        .expect("rv");
 
     // RV=0: the current state as ADDED, then live events.
     let (code, mut w0) = http
@@ -175,15 +193,26 @@ async fn watch_resource_version_semantics() {
     assert_eq!(code, 200);
     let first = next_event(&mut w0).await;
     assert_eq!(first["type"], "ADDED");
-    assert_eq!(first["object"]["metadata"]["resourceVersion"], rv0.to_string());
+    assert_eq!(
+        first["object"]["metadata"]["resourceVersion"],
+        rv0.to_string()
+    );
     let mut rvs = vec![rv0];
     for i in 1..=8 {
-        rvs.push(put_secret(&admin, "rv", "s", &i.to_string()).await.parse().expect("rv"));
+        rvs.push(
+            put_secret(&admin, "rv", "s", &i.to_string())
+                .await
+                .parse()
+                .expect("rv"),
+        );
     }
     for want in &rvs[1..] {
         let ev = next_event(&mut w0).await;
         assert_eq!(ev["type"], "MODIFIED");
-        assert_eq!(ev["object"]["metadata"]["resourceVersion"], want.to_string());
+        assert_eq!(
+            ev["object"]["metadata"]["resourceVersion"],
+            want.to_string()
+        );
     }
 
     // From an RV inside the window: exactly the events after it.
@@ -193,7 +222,10 @@ async fn watch_resource_version_semantics() {
     assert_eq!(code, 200);
     for want in &rvs[7..] {
         let ev = next_event(&mut w1).await;
-        assert_eq!(ev["object"]["metadata"]["resourceVersion"], want.to_string());
+        assert_eq!(
+            ev["object"]["metadata"]["resourceVersion"],
+            want.to_string()
+        );
     }
 
     // From an RV older than the window: HTTP 200 and an in-stream 410 Expired.
@@ -217,8 +249,14 @@ async fn watch_resource_version_semantics() {
     // The watch times out after 4 s; its pre-timeout bookmark (if any) is at or above `future`.
     let deadline = Instant::now() + Duration::from_secs(15);
     while let Ok(Some(ev)) = tokio::time::timeout_at(deadline.into(), w3.recv()).await {
-        let rv: u64 = ev["object"]["metadata"]["resourceVersion"].as_str().and_then(|s| s.parse().ok()).expect("rv");
-        assert_eq!(ev["type"], "BOOKMARK", "no object event at or below {future}: {ev}");
+        let rv: u64 = ev["object"]["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .expect("rv");
+        assert_eq!(
+            ev["type"], "BOOKMARK",
+            "no object event at or below {future}: {ev}"
+        );
         assert!(rv >= future, "bookmark {rv} below the watch's RV {future}");
     }
 
@@ -231,23 +269,47 @@ async fn watch_resource_version_semantics() {
     assert_eq!(ev["type"], "ADDED");
     let ev = next_event(&mut w4).await;
     assert_eq!(ev["type"], "BOOKMARK");
-    assert_eq!(ev["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"], "true");
+    assert_eq!(
+        ev["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
 
     // A list for an RV newer than the key's progress on a quiet key: the probe establishes
     // freshness instead of waiting for a bookmark the 1.20 upstream would not send.
-    let latest: u64 = put_secret(&admin, "rv", "other", "x").await.parse().expect("rv");
+    let latest: u64 = put_secret(&admin, "rv", "other", "x")
+        .await
+        .parse()
+        .expect("rv");
     let (code, body) = http
         .get(&format!("/api/v1/namespaces/rv/secrets?resourceVersion={latest}&fieldSelector=metadata.name%3Ds"), Some(TOKEN))
         .await;
     assert_eq!(code, 200, "{body}");
-    let list_rv: u64 = body["metadata"]["resourceVersion"].as_str().and_then(|s| s.parse().ok()).expect("rv");
-    assert!(list_rv >= latest, "list RV {list_rv} older than requested {latest}");
+    let list_rv: u64 = body["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("rv");
+    assert!(
+        list_rv >= latest,
+        "list RV {list_rv} older than requested {latest}"
+    );
     // Far in the future: 504 Too large resource version.
     let (code, body) = http
-        .get(&format!("/api/v1/namespaces/rv/secrets?resourceVersion={}", latest + 1_000_000), Some(TOKEN))
+        .get(
+            &format!(
+                "/api/v1/namespaces/rv/secrets?resourceVersion={}",
+                latest + 1_000_000
+            ),
+            Some(TOKEN),
+        )
         .await;
     assert_eq!(code, 504, "{body}");
-    assert!(body["message"].as_str().unwrap_or("").starts_with("Too large resource version"), "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("Too large resource version"),
+        "{body}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -257,12 +319,22 @@ async fn a_client_that_never_reads_is_closed_without_delaying_others() {
     let admin = admin(&cluster).await;
     create_ns(&admin, "slow").await;
     put_secret(&admin, "slow", "big", "0").await;
-    let base = format!("{}/api/v1/namespaces/slow/secrets?watch=1&resourceVersion=0", k.url);
+    let base = format!(
+        "{}/api/v1/namespaces/slow/secrets?watch=1&resourceVersion=0",
+        k.url
+    );
     // The slow client: opens the watch, never reads the body.
-    let slow = support::insecure_http().get(&base).bearer_auth(TOKEN).send().await.expect("slow watch");
+    let slow = support::insecure_http()
+        .get(&base)
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("slow watch");
     assert_eq!(slow.status().as_u16(), 200);
     let http = Http::new(&k.url);
-    let (_, mut fast) = http.watch("/api/v1/namespaces/slow/secrets?watch=1&resourceVersion=0").await;
+    let (_, mut fast) = http
+        .watch("/api/v1/namespaces/slow/secrets?watch=1&resourceVersion=0")
+        .await;
     assert_eq!(next_event(&mut fast).await["type"], "ADDED");
     let payload = "x".repeat(256 * 1024);
     let mut latencies = Vec::new();
@@ -274,9 +346,11 @@ async fn a_client_that_never_reads_is_closed_without_delaying_others() {
         latencies.push(t.elapsed());
         assert_eq!(ev["type"], "MODIFIED");
     }
-    eventually("the slow watcher is terminated", Duration::from_secs(20), || async {
-        k.metric("kcache_terminated_watchers_total").await >= 1.0
-    })
+    eventually(
+        "the slow watcher is terminated",
+        Duration::from_secs(20),
+        || async { k.metric("kcache_terminated_watchers_total").await >= 1.0 },
+    )
     .await;
     latencies.sort();
     println!(

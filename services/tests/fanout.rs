@@ -33,7 +33,9 @@ async fn namespace(client: &kube::Client, name: &str) {
     use k8s_openapi::api::core::v1::Namespace;
     let api: kube::Api<Namespace> = kube::Api::all(client.clone());
     let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).expect("ns");
-    api.create(&Default::default(), &obj).await.expect("namespace");
+    api.create(&Default::default(), &obj)
+        .await
+        .expect("namespace");
 }
 
 /// Reads a watch stream line by line, calling `f` for each event.
@@ -43,7 +45,12 @@ fn spawn_watch(
     mut f: impl FnMut(Value) + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let resp = http.get(url).bearer_auth(TOKEN).send().await.expect("watch");
+        let resp = http
+            .get(url)
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("watch");
         assert_eq!(resp.status().as_u16(), 200);
         let mut stream = resp.bytes_stream();
         let mut buf = Vec::new();
@@ -62,11 +69,20 @@ fn spawn_watch(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousand_single_object_watches_share_one_upstream_watch_per_object() {
     let cluster = TestCluster::start().await;
-    let k = Kcache::start(&cluster, "[cache]\ngrace_period_secs = 2\nwatch_keepalive_secs = 1\n").await;
+    let k = Kcache::start(
+        &cluster,
+        "[cache]\ngrace_period_secs = 2\nwatch_keepalive_secs = 1\n",
+    )
+    .await;
     let admin = cluster.kube_client().await;
     namespace(&admin, "fan").await;
     for i in 0..100 {
-        create::<Secret>(&admin, Some("fan"), json!({"metadata": {"name": format!("s{i}")}, "stringData": {"v": "0"}})).await;
+        create::<Secret>(
+            &admin,
+            Some("fan"),
+            json!({"metadata": {"name": format!("s{i}")}, "stringData": {"v": "0"}}),
+        )
+        .await;
     }
     let baseline = cluster.registered_watchers("Secret").await;
 
@@ -87,7 +103,11 @@ async fn thousand_single_object_watches_share_one_upstream_watch_per_object() {
             let (added, modified) = (added.clone(), modified.clone());
             let name = format!("s{i}");
             tasks.push(spawn_watch(http.clone(), url, move |ev| {
-                assert_eq!(ev["object"]["metadata"]["name"], name.as_str(), "a watch got another object's event");
+                assert_eq!(
+                    ev["object"]["metadata"]["name"],
+                    name.as_str(),
+                    "a watch got another object's event"
+                );
                 match ev["type"].as_str() {
                     Some("ADDED") => added.fetch_add(1, Ordering::Relaxed),
                     Some("MODIFIED") => modified.fetch_add(1, Ordering::Relaxed),
@@ -96,45 +116,65 @@ async fn thousand_single_object_watches_share_one_upstream_watch_per_object() {
             }));
         }
     }
-    eventually("1,000 watches got their object", Duration::from_secs(60), || {
-        let added = added.clone();
-        async move { added.load(Ordering::Relaxed) == 1000 }
-    })
+    eventually(
+        "1,000 watches got their object",
+        Duration::from_secs(60),
+        || {
+            let added = added.clone();
+            async move { added.load(Ordering::Relaxed) == 1000 }
+        },
+    )
     .await;
     // Upstream watches open right after each key's list, paced by the upstream budget.
-    eventually("exactly 100 upstream watches", Duration::from_secs(20), || async {
-        k.metric("kcache_upstream_watches").await == 100.0
-    })
+    eventually(
+        "exactly 100 upstream watches",
+        Duration::from_secs(20),
+        || async { k.metric("kcache_upstream_watches").await == 100.0 },
+    )
     .await;
     assert_eq!(k.metric("kcache_registered_watchers").await, 1000.0);
-    eventually("the API server holds 100 more watchers", Duration::from_secs(20), || async {
-        cluster.registered_watchers("Secret").await == baseline + 100
-    })
+    eventually(
+        "the API server holds 100 more watchers",
+        Duration::from_secs(20),
+        || async { cluster.registered_watchers("Secret").await == baseline + 100 },
+    )
     .await;
 
     let api: kube::Api<Secret> = kube::Api::namespaced(admin.clone(), "fan");
     for i in 0..100 {
         let patch = json!({"stringData": {"v": "1"}});
-        api.patch(&format!("s{i}"), &Default::default(), &kube::api::Patch::Merge(&patch))
-            .await
-            .expect("update");
+        api.patch(
+            &format!("s{i}"),
+            &Default::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("update");
     }
-    eventually("every watch got the update", Duration::from_secs(60), || {
-        let modified = modified.clone();
-        async move { modified.load(Ordering::Relaxed) == 1000 }
-    })
+    eventually(
+        "every watch got the update",
+        Duration::from_secs(60),
+        || {
+            let modified = modified.clone();
+            async move { modified.load(Ordering::Relaxed) == 1000 }
+        },
+    )
     .await;
 
     for t in tasks {
         t.abort();
     }
-    eventually("upstream watches stop after the grace period", Duration::from_secs(30), || async {
-        k.metric("kcache_upstream_watches").await == 0.0
-    })
+    eventually(
+        "upstream watches stop after the grace period",
+        Duration::from_secs(30),
+        || async { k.metric("kcache_upstream_watches").await == 0.0 },
+    )
     .await;
-    eventually("the API server's watchers are back to the baseline", Duration::from_secs(30), || async {
-        cluster.registered_watchers("Secret").await == baseline
-    })
+    eventually(
+        "the API server's watchers are back to the baseline",
+        Duration::from_secs(30),
+        || async { cluster.registered_watchers("Secret").await == baseline },
+    )
     .await;
 }
 
@@ -173,25 +213,40 @@ async fn node_pod_watch_sees_exactly_that_nodes_pods() {
     let sink = seen.clone();
     let task = spawn_watch(
         support::insecure_http(),
-        format!("{}/api/v1/pods?watch=1&resourceVersion=0&fieldSelector=spec.nodeName%3Dn1", k.url),
+        format!(
+            "{}/api/v1/pods?watch=1&resourceVersion=0&fieldSelector=spec.nodeName%3Dn1",
+            k.url
+        ),
         move |ev| {
             let o = &ev["object"]["metadata"];
-            let id = format!("{}/{}", o["namespace"].as_str().unwrap_or(""), o["name"].as_str().unwrap_or(""));
+            let id = format!(
+                "{}/{}",
+                o["namespace"].as_str().unwrap_or(""),
+                o["name"].as_str().unwrap_or("")
+            );
             sink.lock().expect("seen").insert(id);
         },
     );
-    eventually("the node watch lists n1's pods", Duration::from_secs(20), || {
-        let seen = seen.clone();
-        let n = want.len();
-        async move { seen.lock().expect("seen").len() >= n }
-    })
+    eventually(
+        "the node watch lists n1's pods",
+        Duration::from_secs(20),
+        || {
+            let seen = seen.clone();
+            let n = want.len();
+            async move { seen.lock().expect("seen").len() >= n }
+        },
+    )
     .await;
     // Give a stray event a moment to arrive, then compare exactly.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(*seen.lock().expect("seen"), want);
     let keys = k.debug_keys().await;
     assert!(
-        keys["keys"].as_array().expect("keys").iter().any(|e| e["key"] == "/api/v1/pods?fieldSelector=spec.nodeName=n1"),
+        keys["keys"]
+            .as_array()
+            .expect("keys")
+            .iter()
+            .any(|e| e["key"] == "/api/v1/pods?fieldSelector=spec.nodeName=n1"),
         "{keys}"
     );
     task.abort();

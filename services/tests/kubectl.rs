@@ -29,9 +29,7 @@ fn without_age(table: &str) -> Vec<Vec<String>> {
         .lines()
         .map(|l| l.split_whitespace().map(str::to_string).collect())
         .collect();
-    let age = rows
-        .first()
-        .and_then(|h| h.iter().position(|c| c == "AGE"));
+    let age = rows.first().and_then(|h| h.iter().position(|c| c == "AGE"));
     if let Some(i) = age {
         for r in &mut rows {
             if i < r.len() {
@@ -51,7 +49,18 @@ async fn kubectl_against_kcache_matches_the_api_server() {
 
     let (ok, _, err) = kubectl(ks, &["create", "namespace", "kc"]);
     assert!(ok, "create namespace through kcache: {err}");
-    let (ok, _, err) = kubectl(ks, &["-n", "kc", "create", "secret", "generic", "s1", "--from-literal=a=b"]);
+    let (ok, _, err) = kubectl(
+        ks,
+        &[
+            "-n",
+            "kc",
+            "create",
+            "secret",
+            "generic",
+            "s1",
+            "--from-literal=a=b",
+        ],
+    );
     assert!(ok, "create secret through kcache: {err}");
 
     // Table output: the same rows as the API server's.
@@ -59,7 +68,11 @@ async fn kubectl_against_kcache_matches_the_api_server() {
     assert!(ok, "get secrets: {err}");
     let (ok, direct, _) = kubectl(up, &["-n", "kc", "get", "secrets"]);
     assert!(ok);
-    assert_eq!(without_age(&via_kcache), without_age(&direct), "kcache:\n{via_kcache}\ndirect:\n{direct}");
+    assert_eq!(
+        without_age(&via_kcache),
+        without_age(&direct),
+        "kcache:\n{via_kcache}\ndirect:\n{direct}"
+    );
     assert!(via_kcache.contains("s1"), "{via_kcache}");
 
     // -o json: the same object.
@@ -72,7 +85,18 @@ async fn kubectl_against_kcache_matches_the_api_server() {
 
     // A watch through kcache sees a write made through kcache.
     let mut watch = Command::new("kubectl")
-        .args(["--server", ks, "--insecure-skip-tls-verify", "--token", "admintoken", "-n", "kc", "get", "secrets", "-w"])
+        .args([
+            "--server",
+            ks,
+            "--insecure-skip-tls-verify",
+            "--token",
+            "admintoken",
+            "-n",
+            "kc",
+            "get",
+            "secrets",
+            "-w",
+        ])
         .env("KUBECONFIG", "/dev/null")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -83,24 +107,44 @@ async fn kubectl_against_kcache_matches_the_api_server() {
     let sink = lines.clone();
     std::thread::spawn(move || {
         use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
             sink.lock().expect("lines").push(line);
         }
     });
     let seen = |name: &'static str| {
         let lines = lines.clone();
         move || {
-            let found = lines.lock().expect("lines").iter().any(|l| l.starts_with(name));
+            let found = lines
+                .lock()
+                .expect("lines")
+                .iter()
+                .any(|l| l.starts_with(name));
             async move { found }
         }
     };
     eventually("the watch lists s1", Duration::from_secs(20), seen("s1 ")).await;
     // Let the watch request itself reach kcache before writing.
-    eventually("kcache holds the watch", Duration::from_secs(20), || async {
-        k.metric("kcache_registered_watchers").await >= 1.0
-    })
+    eventually(
+        "kcache holds the watch",
+        Duration::from_secs(20),
+        || async { k.metric("kcache_registered_watchers").await >= 1.0 },
+    )
     .await;
-    let (ok, _, err) = kubectl(ks, &["-n", "kc", "create", "secret", "generic", "s2", "--from-literal=x=y"]);
+    let (ok, _, err) = kubectl(
+        ks,
+        &[
+            "-n",
+            "kc",
+            "create",
+            "secret",
+            "generic",
+            "s2",
+            "--from-literal=x=y",
+        ],
+    );
     assert!(ok, "{err}");
     eventually("the watch shows s2", Duration::from_secs(20), seen("s2 ")).await;
     let (ok, _, err) = kubectl(ks, &["-n", "kc", "delete", "secret", "s2"]);

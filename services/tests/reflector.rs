@@ -42,7 +42,9 @@ async fn namespace(client: &kube::Client, name: &str) {
     use k8s_openapi::api::core::v1::Namespace;
     let api: kube::Api<Namespace> = kube::Api::all(client.clone());
     let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).expect("ns");
-    api.create(&Default::default(), &obj).await.expect("namespace");
+    api.create(&Default::default(), &obj)
+        .await
+        .expect("namespace");
 }
 
 /// Random create/update/delete on up to 30 ConfigMaps.
@@ -60,7 +62,9 @@ async fn random_ops(api: &kube::Api<ConfigMap>, n: usize) {
             }))
             .expect("cm");
             let pp = kube::api::PatchParams::apply("test").force();
-            api.patch(&name, &pp, &kube::api::Patch::Apply(&cm)).await.map(|_| ())
+            api.patch(&name, &pp, &kube::api::Patch::Apply(&cm))
+                .await
+                .map(|_| ())
         };
         // Deleting an absent object is fine; while the API server restarts, writes fail.
         let _ = res;
@@ -73,7 +77,12 @@ async fn upstream_state(api: &kube::Api<ConfigMap>) -> BTreeMap<String, String> 
         .map(|l| {
             l.items
                 .iter()
-                .map(|c| (name_of(c), c.metadata.resource_version.clone().unwrap_or_default()))
+                .map(|c| {
+                    (
+                        name_of(c),
+                        c.metadata.resource_version.clone().unwrap_or_default(),
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default()
@@ -83,7 +92,12 @@ fn store_state(store: &reflector::Store<ConfigMap>) -> BTreeMap<String, String> 
     store
         .state()
         .iter()
-        .map(|c| (name_of(c), c.metadata.resource_version.clone().unwrap_or_default()))
+        .map(|c| {
+            (
+                name_of(c),
+                c.metadata.resource_version.clone().unwrap_or_default(),
+            )
+        })
         .collect()
 }
 
@@ -106,7 +120,9 @@ async fn converges(cfg: watcher::Config, ns: &str, restart_apiserver: bool) {
             let Ok(ev) = ev else { continue };
             let mut s = sink.lock().expect("seen");
             let objs: Vec<&ConfigMap> = match &ev {
-                watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o) => vec![o],
+                watcher::Event::Apply(o)
+                | watcher::Event::InitApply(o)
+                | watcher::Event::Delete(o) => vec![o],
                 _ => vec![],
             };
             for o in objs {
@@ -117,7 +133,8 @@ async fn converges(cfg: watcher::Config, ns: &str, restart_apiserver: bool) {
                     s.violations.push(format!("{name}: rv {rv} after {last}"));
                 }
                 if matches!(ev, watcher::Event::Apply(_)) && rv == last {
-                    s.violations.push(format!("{name}: duplicate event at rv {rv}"));
+                    s.violations
+                        .push(format!("{name}: duplicate event at rv {rv}"));
                 }
                 s.last_rv.insert(name, rv);
             }
@@ -133,14 +150,22 @@ async fn converges(cfg: watcher::Config, ns: &str, restart_apiserver: bool) {
     random_ops(&upstream, 150).await;
 
     let want = upstream_state(&upstream).await;
-    eventually("the reflector converges to the API server's state", Duration::from_secs(90), || {
-        let store = store.clone();
-        let want = want.clone();
-        async move { store_state(&store) == want }
-    })
+    eventually(
+        "the reflector converges to the API server's state",
+        Duration::from_secs(90),
+        || {
+            let store = store.clone();
+            let want = want.clone();
+            async move { store_state(&store) == want }
+        },
+    )
     .await;
     let s = seen.lock().expect("seen");
-    assert!(s.violations.is_empty(), "resourceVersion violations: {:?}", s.violations);
+    assert!(
+        s.violations.is_empty(),
+        "resourceVersion violations: {:?}",
+        s.violations
+    );
     drop(s);
     task.abort();
     let _ = &k;
@@ -153,7 +178,12 @@ async fn reflector_converges_through_random_writes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reflector_with_streaming_lists_converges() {
-    converges(watcher::Config::default().streaming_lists(), "stream", false).await;
+    converges(
+        watcher::Config::default().streaming_lists(),
+        "stream",
+        false,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

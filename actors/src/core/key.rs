@@ -201,7 +201,15 @@ mod tests {
 
     #[test]
     fn routing_table() {
-        let cases: Vec<(Arc<ResourceType>, Option<&str>, Option<&str>, &str, &str)> = vec![
+        // (resource, namespace, name, field selector, expected key)
+        type Case<'a> = (
+            Arc<ResourceType>,
+            Option<&'a str>,
+            Option<&'a str>,
+            &'a str,
+            &'a str,
+        );
+        let cases: Vec<Case> = vec![
             (
                 secrets(),
                 Some("a"),

@@ -36,7 +36,10 @@ impl Kcache {
             .arg(&cluster.kubeconfig)
             .arg("--config")
             .arg(&config)
-            .env("KCACHE_LOG", std::env::var("KCACHE_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "KCACHE_LOG",
+                std::env::var("KCACHE_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdout(Stdio::null())
             .stderr(log_file)
             .spawn()
@@ -60,9 +63,16 @@ impl Kcache {
                 }
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("kcache exited ({status}) during start:\n{}", self.log_tail());
+                panic!(
+                    "kcache exited ({status}) during start:\n{}",
+                    self.log_tail()
+                );
             }
-            assert!(Instant::now() < deadline, "kcache not ready in 30 s:\n{}", self.log_tail());
+            assert!(
+                Instant::now() < deadline,
+                "kcache not ready in 30 s:\n{}",
+                self.log_tail()
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }

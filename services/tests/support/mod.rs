@@ -61,7 +61,12 @@ impl TestCluster {
         let etcd = Command::new(bin.join("etcd"))
             .arg("--data-dir")
             .arg(d.join("etcd"))
-            .args(["--listen-client-urls", &etcd_url, "--advertise-client-urls", &etcd_url])
+            .args([
+                "--listen-client-urls",
+                &etcd_url,
+                "--advertise-client-urls",
+                &etcd_url,
+            ])
             .args(["--listen-peer-urls", &format!("http://127.0.0.1:{pp}")])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(d.join("etcd.log")).expect("etcd log"))
@@ -142,12 +147,24 @@ impl TestCluster {
             .expect("apiserver log");
         let child = Command::new(self.bin.join("kube-apiserver"))
             .arg(format!("--etcd-servers={}", self.etcd_url))
-            .args(["--bind-address=127.0.0.1", &format!("--secure-port={}", self.port)])
+            .args([
+                "--bind-address=127.0.0.1",
+                &format!("--secure-port={}", self.port),
+            ])
             .arg(format!("--cert-dir={}", d.join("certs").display()))
-            .arg(format!("--token-auth-file={}", d.join("tokens.csv").display()))
+            .arg(format!(
+                "--token-auth-file={}",
+                d.join("tokens.csv").display()
+            ))
             .arg("--service-account-issuer=https://kubernetes.default.svc")
-            .arg(format!("--service-account-key-file={}", d.join("sa.pub").display()))
-            .arg(format!("--service-account-signing-key-file={}", d.join("sa.key").display()))
+            .arg(format!(
+                "--service-account-key-file={}",
+                d.join("sa.pub").display()
+            ))
+            .arg(format!(
+                "--service-account-signing-key-file={}",
+                d.join("sa.key").display()
+            ))
             .args([
                 "--authorization-mode=Node,RBAC",
                 "--service-cluster-ip-range=10.0.0.0/24",
@@ -172,7 +189,10 @@ impl TestCluster {
                 }
             }
             if let Some(Ok(Some(status))) = self.apiserver.as_mut().map(Child::try_wait) {
-                panic!("kube-apiserver exited ({status}):\n{}", self.log_tail("apiserver.log"));
+                panic!(
+                    "kube-apiserver exited ({status}):\n{}",
+                    self.log_tail("apiserver.log")
+                );
             }
             assert!(
                 Instant::now() < deadline,
@@ -224,8 +244,11 @@ impl TestCluster {
             .text()
             .await
             .expect("metrics text");
-        kcache::sum_samples(&text, "apiserver_registered_watchers", Some(&format!("kind=\"{kind}\"")))
-            as u64
+        kcache::sum_samples(
+            &text,
+            "apiserver_registered_watchers",
+            Some(&format!("kind=\"{kind}\"")),
+        ) as u64
     }
 }
 
