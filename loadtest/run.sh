@@ -18,7 +18,7 @@ for _ in $(seq 100); do curl -skf "https://127.0.0.1:$port/readyz" >/dev/null &&
 apid=${KUBE_PIDS%% *}
 epid=${KUBE_PIDS##* }
 cores=$(nproc)
-if command -v taskset >/dev/null && ((cores >= 2)); then
+if [[ -z ${KCACHE_BENCH_NO_PIN:-} ]] && command -v taskset >/dev/null && ((cores >= 2)); then
   taskset -pc 0 "$apid" >/dev/null; taskset -pc 0 "$epid" >/dev/null; taskset -pc 1 "$kpid" >/dev/null
   echo "pinned: kube-apiserver+etcd on core 0, kcache on core 1, generator on core $((cores - 1))"
   pin=(taskset -c $((cores - 1)))

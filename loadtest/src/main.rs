@@ -49,6 +49,9 @@ struct Args {
     /// ConfigMaps (1 KiB each) for the per-cached-object figure.
     #[arg(long, default_value_t = 5000)]
     cached_objects: usize,
+    /// Use HTTP/1.1 (one connection per watch) instead of HTTP/2.
+    #[arg(long)]
+    http1: bool,
     /// Where to write the JSON results.
     #[arg(long, default_value = "bench-results.json")]
     out: String,
@@ -99,8 +102,13 @@ fn cpu_seconds(pid: u32) -> f64 {
 }
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .danger_accept_invalid_certs(true)
+    client_with(false)
+}
+
+fn client_with(http1: bool) -> reqwest::Client {
+    let b = reqwest::Client::builder();
+    let b = if http1 { b.http1_only() } else { b };
+    b.danger_accept_invalid_certs(true)
         .pool_max_idle_per_host(1)
         .build()
         .expect("http client")

@@ -137,6 +137,10 @@ pub async fn run(
             .default_service(web::to(api::handle))
     })
     .disable_signals()
+    // Watch events are small writes that must leave at once: without TCP_NODELAY, Nagle's
+    // algorithm and the client's delayed ACK hold them up to ~40 ms (Go, and so the API
+    // server, sets it by default).
+    .tcp_nodelay(true)
     .shutdown_timeout(grace.as_secs());
     if cfg.server.workers > 0 {
         server = server.workers(cfg.server.workers);
