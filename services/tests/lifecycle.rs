@@ -17,7 +17,9 @@ async fn namespace(client: &kube::Client, name: &str) {
     use k8s_openapi::api::core::v1::Namespace;
     let api: kube::Api<Namespace> = kube::Api::all(client.clone());
     let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).expect("ns");
-    api.create(&Default::default(), &obj).await.expect("namespace");
+    api.create(&Default::default(), &obj)
+        .await
+        .expect("namespace");
 }
 
 /// Opens a watch and forwards parsed events into a channel.
@@ -60,10 +62,15 @@ async fn immutable_secret_parks_its_upstream_watch_and_is_reverified() {
     namespace(&admin, "imm").await;
     let api: kube::Api<Secret> = kube::Api::namespaced(admin.clone(), "imm");
     let make = |v: &str| -> Secret {
-        serde_json::from_value(json!({"metadata": {"name": "frozen"}, "immutable": true, "stringData": {"v": v}}))
-            .expect("secret")
+        serde_json::from_value(
+            json!({"metadata": {"name": "frozen"}, "immutable": true, "stringData": {"v": v}}),
+        )
+        .expect("secret")
     };
-    let first = api.create(&Default::default(), &make("1")).await.expect("create");
+    let first = api
+        .create(&Default::default(), &make("1"))
+        .await
+        .expect("create");
     let mut rx = watch(format!(
         "{}/api/v1/namespaces/imm/secrets?watch=1&resourceVersion=0&fieldSelector=metadata.name%3Dfrozen",
         k.url
@@ -72,19 +79,35 @@ async fn immutable_secret_parks_its_upstream_watch_and_is_reverified() {
     let ev = next(&mut rx).await.expect("initial event");
     assert_eq!(ev["type"], "ADDED");
     // Synced and immutable: no upstream watch, yet the client's watch stays open.
-    eventually("the immutable key parks", Duration::from_secs(20), || async {
-        k.metric("kcache_upstream_watches").await == 0.0 && k.metric("kcache_registered_watchers").await == 1.0
-    })
+    eventually(
+        "the immutable key parks",
+        Duration::from_secs(20),
+        || async {
+            k.metric("kcache_upstream_watches").await == 0.0
+                && k.metric("kcache_registered_watchers").await == 1.0
+        },
+    )
     .await;
     // Deleted and recreated (new UID): the verification list notices within its interval.
-    api.delete("frozen", &Default::default()).await.expect("delete");
-    let second = api.create(&Default::default(), &make("2")).await.expect("recreate");
+    api.delete("frozen", &Default::default())
+        .await
+        .expect("delete");
+    let second = api
+        .create(&Default::default(), &make("2"))
+        .await
+        .expect("recreate");
     let ev = next(&mut rx).await.expect("event");
     assert_eq!(ev["type"], "DELETED", "{ev}");
-    assert_eq!(ev["object"]["metadata"]["uid"].as_str(), first.metadata.uid.as_deref());
+    assert_eq!(
+        ev["object"]["metadata"]["uid"].as_str(),
+        first.metadata.uid.as_deref()
+    );
     let ev = next(&mut rx).await.expect("event");
     assert_eq!(ev["type"], "ADDED", "{ev}");
-    assert_eq!(ev["object"]["metadata"]["uid"].as_str(), second.metadata.uid.as_deref());
+    assert_eq!(
+        ev["object"]["metadata"]["uid"].as_str(),
+        second.metadata.uid.as_deref()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,9 +121,11 @@ async fn sigterm_drains_watchers_with_a_last_bookmark_and_exits_cleanly() {
         k.url
     ))
     .await;
-    eventually("the watch is registered", Duration::from_secs(20), || async {
-        k.metric("kcache_registered_watchers").await == 1.0
-    })
+    eventually(
+        "the watch is registered",
+        Duration::from_secs(20),
+        || async { k.metric("kcache_registered_watchers").await == 1.0 },
+    )
     .await;
     k.terminate();
     // The stream ends after a last BOOKMARK so the client can resume exactly there.
@@ -110,6 +135,8 @@ async fn sigterm_drains_watchers_with_a_last_bookmark_and_exits_cleanly() {
     }
     let last = last.expect("a last event before the stream ended");
     assert_eq!(last["type"], "BOOKMARK", "{last}");
-    let status = k.wait_exit(Duration::from_secs(20)).expect("kcache exits after SIGTERM");
+    let status = k
+        .wait_exit(Duration::from_secs(20))
+        .expect("kcache exits after SIGTERM");
     assert!(status.success(), "exit status {status}");
 }
