@@ -23,7 +23,8 @@ use kcache_actors::watcher::{Encoder, Watcher, WatcherSpec};
 use serde_json::{json, Value};
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::auth::{self, Authenticator};
+use crate::auth::{self, Authenticator, UserInfo};
+use crate::authz::{self, Attributes, Authorizer};
 use crate::config::ServerConfig;
 use crate::proxy::Proxy;
 use crate::request::{parse_path, parse_query, Query, ResourcePath};
@@ -35,6 +36,9 @@ pub struct ApiState {
     pub registry: Addr<Registry>,
     pub resources: HashMap<(String, String, String), Arc<ResourceType>>,
     pub auth: Authenticator,
+    pub authz: Authorizer,
+    /// Requests without credentials are `system:anonymous` (else 401).
+    pub anonymous: bool,
     pub proxy: Proxy,
     pub cache: CacheConfig,
     pub server: ServerConfig,
@@ -52,22 +56,8 @@ pub async fn handle(
     body: web::Payload,
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
-    let authorization = req
-        .headers()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok());
-    match state.auth.authenticate(authorization).await {
-        Ok(_user) => {}
-        Err(auth::Error::MissingToken | auth::Error::InvalidToken) => {
-            return Err(ApiError::unauthorized())
-        }
-        Err(e @ auth::Error::ReviewFailed(_)) => {
-            tracing::warn!(error = %e, "cannot authenticate: TokenReview failed");
-            return Err(ApiError::service_unavailable(
-                "cannot authenticate the request: the API server's TokenReview failed",
-            ));
-        }
-    }
+    // Only cache-served requests are kcache's to authorize: everything proxied carries the
+    // client's own credentials and the API server decides.
     if req.method() == actix_web::http::Method::GET {
         if let Some(rp) = parse_path(req.path()) {
             let resource = state
@@ -75,7 +65,15 @@ pub async fn handle(
                 .get(&(rp.group.clone(), rp.version.clone(), rp.resource.clone()))
                 .cloned();
             if let (Some(resource), None) = (resource, &rp.subresource) {
-                if let Served::Response(r) = serve_cached(&req, &state, &rp, resource).await? {
+                // One parse of the query, used to authorize and then to serve.
+                let q = parse_query(req.query_string());
+                let user = identify(&req, &state).await?;
+                let attrs = resource_attributes(&rp, &q);
+                check(&state, &user, &attrs).await?;
+                if let Some(e) = q.invalid.clone() {
+                    return Err(e);
+                }
+                if let Served::Response(r) = serve_cached(&req, &state, &rp, &q, resource).await? {
                     return Ok(r);
                 }
             }
@@ -84,10 +82,74 @@ pub async fn handle(
     state.proxy.forward(&req, body).await
 }
 
+/// Authenticates the request: a bearer token through TokenReview; no credentials is
+/// `system:anonymous` when allowed (as the API server's `--anonymous-auth=true`).
+pub async fn identify(req: &HttpRequest, state: &ApiState) -> Result<UserInfo, ApiError> {
+    let authorization = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok());
+    match state.auth.authenticate(authorization).await {
+        Ok(user) => Ok(user),
+        Err(auth::Error::MissingToken) if authorization.is_none() && state.anonymous => {
+            Ok(UserInfo::anonymous())
+        }
+        Err(auth::Error::MissingToken | auth::Error::InvalidToken) => Err(ApiError::unauthorized()),
+        Err(e @ auth::Error::ReviewFailed(_)) => {
+            tracing::warn!(error = %e, "cannot authenticate: TokenReview failed");
+            Err(ApiError::service_unavailable(
+                "cannot authenticate the request: the API server's TokenReview failed",
+            ))
+        }
+    }
+}
+
+/// Authorizes `attrs` for `user` with a SubjectAccessReview; a denial is the API server's 403.
+pub async fn check(state: &ApiState, user: &UserInfo, attrs: &Attributes) -> Result<(), ApiError> {
+    match state.authz.authorize(user, attrs).await {
+        Ok(d) if d.allowed => Ok(()),
+        Ok(d) => Err(authz::forbidden(user, attrs, &d.reason)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot authorize: SubjectAccessReview failed");
+            Err(ApiError::service_unavailable(
+                "cannot authorize the request: the API server's SubjectAccessReview failed",
+            ))
+        }
+    }
+}
+
+/// The request's attributes as the API server's request-info derives them: verb from the
+/// method, name and `watch`; for list/watch, the name of a `metadata.name` field selector.
+fn resource_attributes(rp: &ResourcePath, q: &Query) -> Attributes {
+    let verb = if q.watch {
+        "watch"
+    } else if rp.name.is_some() {
+        "get"
+    } else {
+        "list"
+    };
+    let name = rp.name.clone().unwrap_or_else(|| {
+        FieldSelector::parse(&q.field_selector)
+            .ok()
+            .and_then(|f| f.equality_value("metadata.name").map(str::to_string))
+            .unwrap_or_default()
+    });
+    Attributes::Resource {
+        verb: verb.into(),
+        group: rp.group.clone(),
+        version: rp.version.clone(),
+        resource: rp.resource.clone(),
+        subresource: String::new(),
+        namespace: rp.namespace.clone().unwrap_or_default(),
+        name,
+    }
+}
+
 async fn serve_cached(
     req: &HttpRequest,
     state: &ApiState,
     rp: &ResourcePath,
+    q: &Query,
     resource: Arc<ResourceType>,
 ) -> Result<Served, ApiError> {
     let accept = req
@@ -101,7 +163,6 @@ async fn serve_cached(
         ));
     }
     let table = table::table_version(accept);
-    let q = parse_query(req.query_string())?;
     let label = LabelSelector::parse(&q.label_selector)
         .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?;
     let field = FieldSelector::parse(&q.field_selector)
@@ -115,7 +176,7 @@ async fn serve_cached(
     let key = route(&resource, namespace, rp.name.as_deref(), &field);
     let filter = Filter::new(label, field);
     if q.watch {
-        return watch(state, &q, key, filter, table, include).map(Served::Response);
+        return watch(state, q, key, filter, table, include).map(Served::Response);
     }
     let plan = plan_list(q.rv()?, q.rv_match()?, q.limit, q.continue_token.is_some())
         .map_err(|e| ApiError::bad_request(e.to_string()))?;

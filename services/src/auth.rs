@@ -1,7 +1,7 @@
 //! Authentication: a bearer token is validated with a TokenReview against the upstream,
 //! as the API server's webhook token authenticator does, and the answer reused briefly.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,20 @@ pub struct UserInfo {
     pub username: String,
     pub uid: String,
     pub groups: Vec<String>,
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+impl UserInfo {
+    /// Who a request without credentials is, with the API server's default
+    /// `--anonymous-auth=true`.
+    pub fn anonymous() -> Self {
+        UserInfo {
+            username: "system:anonymous".into(),
+            uid: String::new(),
+            groups: vec!["system:unauthenticated".into()],
+            extra: BTreeMap::new(),
+        }
+    }
 }
 
 pub struct Authenticator {
@@ -110,6 +124,7 @@ impl Authenticator {
             username: user.username.unwrap_or_default(),
             uid: user.uid.unwrap_or_default(),
             groups: user.groups.unwrap_or_default(),
+            extra: user.extra.unwrap_or_default(),
         }))
     }
 }

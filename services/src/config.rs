@@ -76,6 +76,18 @@ pub struct AuthConfig {
     pub token_cache_ttl_secs: u64,
     /// Most TokenReview results kept.
     pub token_cache_size: usize,
+    /// A request without credentials is `system:anonymous` (group
+    /// `system:unauthenticated`) and is authorized like any other, as with the API
+    /// server's default `--anonymous-auth=true`; false makes it a 401. Set it as the
+    /// upstream has it.
+    pub anonymous: bool,
+    /// Seconds an allowing SubjectAccessReview answer is reused (the API server's
+    /// delegated authorization default).
+    pub authz_allow_ttl_secs: u64,
+    /// Seconds a denying answer is reused.
+    pub authz_deny_ttl_secs: u64,
+    /// Most authorization decisions kept.
+    pub authz_cache_size: usize,
 }
 
 impl Default for AuthConfig {
@@ -83,6 +95,10 @@ impl Default for AuthConfig {
         AuthConfig {
             token_cache_ttl_secs: 10,
             token_cache_size: 10_000,
+            anonymous: true,
+            authz_allow_ttl_secs: 10,
+            authz_deny_ttl_secs: 10,
+            authz_cache_size: 10_000,
         }
     }
 }
@@ -168,6 +184,9 @@ mod tests {
             def.server.min_request_timeout_secs
         );
         assert_eq!(cfg.auth.token_cache_ttl_secs, def.auth.token_cache_ttl_secs);
+        assert_eq!(cfg.auth.anonymous, def.auth.anonymous);
+        assert_eq!(cfg.auth.authz_allow_ttl_secs, def.auth.authz_allow_ttl_secs);
+        assert_eq!(cfg.auth.authz_deny_ttl_secs, def.auth.authz_deny_ttl_secs);
         assert_eq!(cfg.resource_types().expect("valid").len(), 6);
     }
 

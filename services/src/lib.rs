@@ -4,12 +4,14 @@
 //! - [`api`]: serving list/get/watch from the cache, proxying the rest ([`proxy`]).
 //! - [`request`]: the one canonical parse of paths and queries.
 //! - [`auth`]: TokenReview authentication.
+//! - [`authz`]: SubjectAccessReview authorization.
 //! - [`table`]: `as=Table` answers for `kubectl get`.
 //! - [`status`]: Kubernetes `Status` errors.
 //! - [`tls`]: serving certificates.
 
 pub mod api;
 pub mod auth;
+pub mod authz;
 pub mod config;
 pub mod proxy;
 pub mod request;

@@ -66,7 +66,7 @@ pub fn parse_path(path: &str) -> Option<ResourcePath> {
 }
 
 /// The list/watch query parameters kcache acts on.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Query {
     pub watch: bool,
     pub resource_version: Option<String>,
@@ -79,6 +79,9 @@ pub struct Query {
     pub limit: Option<u64>,
     pub continue_token: Option<String>,
     pub include_object: Option<String>,
+    /// The first malformed parameter. Parsing never stops at it, so the request can be
+    /// authorized before it is validated (a forbidden request is a 403, not a 400).
+    pub invalid: Option<ApiError>,
 }
 
 /// Query strings longer than this are refused before parsing.
@@ -88,16 +91,17 @@ fn invalid(name: &str, value: &str, why: &str) -> ApiError {
     ApiError::bad_request(format!("invalid value {value:?} for {name}: {why}"))
 }
 
-pub fn parse_query(q: &str) -> Result<Query, ApiError> {
+pub fn parse_query(q: &str) -> Query {
+    let mut out = Query::default();
     if q.len() > MAX_QUERY_BYTES {
-        return Err(ApiError::new(
+        out.invalid = Some(ApiError::new(
             414,
             "RequestURITooLong",
             format!("query string longer than {MAX_QUERY_BYTES} bytes"),
         ));
+        return out;
     }
     let mut seen: Vec<String> = Vec::new();
-    let mut out = Query::default();
     for (k, v) in url::form_urlencoded::parse(q.as_bytes()) {
         // First value wins, as Go's url.Values.Get.
         if seen.iter().any(|s| *s == k) {
@@ -105,10 +109,20 @@ pub fn parse_query(q: &str) -> Result<Query, ApiError> {
         }
         seen.push(k.to_string());
         let v = v.as_ref();
+        if let Err(e) = out.set(k.as_ref(), v) {
+            out.invalid.get_or_insert(e);
+        }
+    }
+    out
+}
+
+impl Query {
+    fn set(&mut self, k: &str, v: &str) -> Result<(), ApiError> {
+        let out = self;
         let bool_of = |name: &'static str| {
             rv::parse_bool(name, Some(v)).map_err(|e| ApiError::bad_request(e.to_string()))
         };
-        match k.as_ref() {
+        match k {
             "watch" => out.watch = bool_of("watch")?.unwrap_or(false),
             "resourceVersion" => out.resource_version = Some(v.to_string()),
             "resourceVersionMatch" => out.resource_version_match = Some(v.to_string()),
@@ -134,11 +148,9 @@ pub fn parse_query(q: &str) -> Result<Query, ApiError> {
             "includeObject" => out.include_object = Some(v.to_string()),
             _ => {}
         }
+        Ok(())
     }
-    Ok(out)
-}
 
-impl Query {
     pub fn rv(&self) -> Result<Rv, ApiError> {
         Rv::parse(self.resource_version.as_deref())
             .map_err(|e| ApiError::bad_request(e.to_string()))
@@ -228,11 +240,11 @@ mod tests {
     fn first_value_wins() {
         let q = parse_query(
             "fieldSelector=metadata.name%3Ds1&fieldSelector=metadata.name%3Ds2&watch=1",
-        )
-        .expect("valid");
+        );
+        assert!(q.invalid.is_none());
         assert_eq!(q.field_selector, "metadata.name=s1");
         assert!(q.watch);
-        let q = parse_query("watch=true&watch=false").expect("valid");
+        let q = parse_query("watch=true&watch=false");
         assert!(q.watch);
     }
 
@@ -245,18 +257,27 @@ mod tests {
             "limit=abc",
             "allowWatchBookmarks=2",
         ] {
-            let e = parse_query(bad).expect_err(bad);
+            let e = parse_query(bad).invalid.expect(bad);
             assert_eq!(e.code, 400, "{bad}");
         }
+        // The first error is kept and later parameters are still parsed, so the request
+        // can be authorized before it is rejected.
+        let q = parse_query("watch=maybe&fieldSelector=metadata.name%3Dx&limit=x");
+        assert_eq!(q.field_selector, "metadata.name=x");
+        assert!(q
+            .invalid
+            .as_ref()
+            .is_some_and(|e| e.message.contains("watch")));
         assert_eq!(
             parse_query(&"a".repeat(MAX_QUERY_BYTES + 1))
-                .expect_err("long")
+                .invalid
+                .expect("long")
                 .code,
             414
         );
-        let q = parse_query("resourceVersion=abc").expect("parsed");
+        let q = parse_query("resourceVersion=abc");
         assert_eq!(q.rv().expect_err("bad rv").code, 400);
-        let q = parse_query("resourceVersion=5&resourceVersionMatch=Sometimes").expect("parsed");
+        let q = parse_query("resourceVersion=5&resourceVersionMatch=Sometimes");
         assert_eq!(q.rv_match().expect_err("bad match").code, 400);
     }
 }

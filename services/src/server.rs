@@ -21,6 +21,7 @@ use thiserror::Error;
 
 use crate::api::{self, ApiState};
 use crate::auth::Authenticator;
+use crate::authz::{Attributes, Authorizer};
 use crate::config::{self, Config};
 use crate::proxy::Proxy;
 
@@ -111,10 +112,17 @@ pub async fn run(
             })
             .collect::<HashMap<_, _>>(),
         auth: Authenticator::new(
-            client,
+            client.clone(),
             Duration::from_secs(cfg.auth.token_cache_ttl_secs),
             cfg.auth.token_cache_size,
         ),
+        authz: Authorizer::new(
+            client,
+            Duration::from_secs(cfg.auth.authz_allow_ttl_secs),
+            Duration::from_secs(cfg.auth.authz_deny_ttl_secs),
+            cfg.auth.authz_cache_size,
+        ),
+        anonymous: cfg.auth.anonymous,
         proxy,
         cache: cfg.cache.clone(),
         server: cfg.server.clone(),
@@ -123,6 +131,7 @@ pub async fn run(
         health: health.clone(),
         metrics,
         registry: registry.clone(),
+        api: state.clone(),
     });
     let addr = listener.local_addr().map_err(Error::Serve)?;
     let grace = Duration::from_secs(cfg.server.shutdown_grace_secs);
@@ -173,6 +182,22 @@ struct Admin {
     health: Arc<Health>,
     metrics: PrometheusHandle,
     registry: actix::Addr<Registry>,
+    api: web::Data<ApiState>,
+}
+
+/// `/metrics` and `/debug/keys` are authorized as non-resource paths, as the API server
+/// does its own (`/livez` and `/readyz` are open to all, as the API server's
+/// `system:public-info-viewer` role makes them).
+async fn authorize_admin(
+    req: &actix_web::HttpRequest,
+    admin: &Admin,
+) -> Result<(), crate::status::ApiError> {
+    let user = api::identify(req, &admin.api).await?;
+    let attrs = Attributes::NonResource {
+        verb: "get".into(),
+        path: req.path().to_string(),
+    };
+    api::check(&admin.api, &user, &attrs).await
 }
 
 async fn livez() -> HttpResponse {
@@ -189,17 +214,25 @@ async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
     }
 }
 
-async fn metrics_endpoint(admin: web::Data<Admin>) -> HttpResponse {
-    HttpResponse::Ok()
+async fn metrics_endpoint(
+    req: actix_web::HttpRequest,
+    admin: web::Data<Admin>,
+) -> Result<HttpResponse, crate::status::ApiError> {
+    authorize_admin(&req, &admin).await?;
+    Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
-        .body(admin.metrics.render())
+        .body(admin.metrics.render()))
 }
 
-async fn debug_keys(admin: web::Data<Admin>) -> HttpResponse {
-    match admin.registry.send(GetDebugKeys).await {
+async fn debug_keys(
+    req: actix_web::HttpRequest,
+    admin: web::Data<Admin>,
+) -> Result<HttpResponse, crate::status::ApiError> {
+    authorize_admin(&req, &admin).await?;
+    Ok(match admin.registry.send(GetDebugKeys).await {
         Ok(keys) => HttpResponse::Ok().json(keys),
         Err(_) => HttpResponse::ServiceUnavailable().finish(),
-    }
+    })
 }
 
 fn hostname() -> String {

@@ -1,15 +1,20 @@
-//! `as=Table` answers for `kubectl get`: the default columns kube-apiserver 1.20 prints
-//! for the default cached resources, and Name/Created At for anything else.
+//! `as=Table` answers for `kubectl get`, printed with kube-apiserver 1.20's default columns.
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use thiserror::Error;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum Error {
-    #[error("invalid includeObject {0:?}: supported values: None, Metadata, Object")]
-    InvalidIncludeObject(String),
+    /// The API server rejects any other `includeObject` with 400 and this text.
+    #[error("unrecognized includeObject value: {0:?}")]
+    UnrecognizedIncludeObject(String),
 }
 
+// ---------------------------------------------------------------------------
+// Content negotiation
+// ---------------------------------------------------------------------------
+
+/// Which Table the client asked for, parsed from an Accept header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TableVersion {
     V1,
@@ -25,549 +30,915 @@ impl TableVersion {
     }
 }
 
-/// One media range of an Accept header, lower-cased.
-struct Range {
-    mime: String,
-    params: Vec<(String, String)>,
+/// What one media range lets kcache send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Servable {
+    Json,
+    Table(TableVersion),
 }
 
-fn ranges(accept: &str) -> Vec<Range> {
-    accept
-        .split(',')
-        .filter_map(|r| {
-            let mut parts = r.split(';');
-            let mime = parts.next()?.trim().to_ascii_lowercase();
-            let params = parts
-                .filter_map(|p| {
-                    let (k, v) = p.split_once('=')?;
-                    Some((k.trim().to_ascii_lowercase(), v.trim().to_string()))
-                })
-                .collect();
-            (!mime.is_empty()).then_some(Range { mime, params })
-        })
-        .collect()
+/// One media range of an Accept header. The type and parameter names are lower-cased
+/// (HTTP makes them case-insensitive); values are kept as sent because the API server
+/// compares `as`, `g` and `v` exactly.
+struct MediaRange<'a> {
+    ty: String,
+    subtype: String,
+    q: f32,
+    params: Vec<(String, &'a str)>,
 }
 
-fn is_json_like(mime: &str) -> bool {
-    matches!(mime, "application/json" | "*/*" | "application/*")
-}
-
-fn table_of(r: &Range) -> Option<Option<TableVersion>> {
-    let get = |k: &str| {
-        r.params
+impl MediaRange<'_> {
+    fn param(&self, name: &str) -> Option<&str> {
+        // Last one wins, as in the Go map the API server builds.
+        self.params
             .iter()
-            .find(|(pk, _)| pk == k)
-            .map(|(_, v)| v.as_str())
-    };
-    match get("as") {
-        None => Some(None),
-        Some("Table") if get("g") == Some("meta.k8s.io") => match get("v") {
-            Some("v1") => Some(Some(TableVersion::V1)),
-            Some("v1beta1") => Some(Some(TableVersion::V1Beta1)),
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| *v)
+    }
+
+    /// 0 for `type/subtype`, 1 for `type/*`, 2 for `*/*`: more specific ranges are preferred.
+    fn wildcards(&self) -> u8 {
+        u8::from(self.ty == "*") + u8::from(self.subtype == "*")
+    }
+
+    fn servable(&self) -> Option<Servable> {
+        // q=0 means "not acceptable" (RFC 9110 §12.4.2).
+        if self.q <= 0.0 {
+            return None;
+        }
+        // kcache encodes JSON only; a wildcard is answered with JSON as the API server does
+        // (JSON is the first media type it offers).
+        let json = matches!(
+            (self.ty.as_str(), self.subtype.as_str()),
+            ("application", "json") | ("application", "*") | ("*", "*")
+        );
+        if !json {
+            return None;
+        }
+        // JSON has a stream serializer and the only stream schema a resource endpoint allows
+        // is "watch".
+        if self
+            .param("stream")
+            .is_some_and(|s| !s.is_empty() && s != "watch")
+        {
+            return None;
+        }
+        let (kind, group, version) = (self.param("as"), self.param("g"), self.param("v"));
+        if kind.is_none() && group.is_none() && version.is_none() {
+            return Some(Servable::Json);
+        }
+        // Any of as/g/v asks for a conversion; the only one kcache performs is to Table.
+        // PartialObjectMetadata(List) is valid for the API server but not served here.
+        match (kind, group, version) {
+            (Some("Table"), Some("meta.k8s.io"), Some("v1")) => {
+                Some(Servable::Table(TableVersion::V1))
+            }
+            (Some("Table"), Some("meta.k8s.io"), Some("v1beta1")) => {
+                Some(Servable::Table(TableVersion::V1Beta1))
+            }
             _ => None,
-        },
-        // Other `as=` forms (PartialObjectMetadata…) are not served from the cache.
-        Some(_) => None,
+        }
     }
 }
 
-/// The Table version asked for, when the first servable range is a Table.
+fn unquote(v: &str) -> &str {
+    v.strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .unwrap_or(v)
+}
+
+/// The header's media ranges, most preferred first.
+fn media_ranges(accept: &str) -> Vec<MediaRange<'_>> {
+    let mut ranges = Vec::new();
+    for clause in accept.split(',') {
+        let mut parts = clause.split(';');
+        let range = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+        let (ty, subtype) = match range.split_once('/') {
+            Some((t, s)) => (t.trim().to_string(), s.trim().to_string()),
+            // A bare "*" is sent by some clients for "*/*"; the API server's parser allows it.
+            None if range == "*" => ("*".to_string(), "*".to_string()),
+            None => continue,
+        };
+        if ty.is_empty() || subtype.is_empty() {
+            continue;
+        }
+        let mut q = 1.0;
+        let mut params = Vec::new();
+        for p in parts {
+            let Some((k, v)) = p.split_once('=') else {
+                continue;
+            };
+            let k = k.trim().to_ascii_lowercase();
+            let v = unquote(v.trim());
+            if k == "q" {
+                // An unparsable weight counts as 0, as in the API server's parser.
+                q = v
+                    .parse::<f32>()
+                    .ok()
+                    .filter(|q| q.is_finite())
+                    .unwrap_or(0.0)
+                    .clamp(0.0, 1.0);
+            } else {
+                params.push((k, v));
+            }
+        }
+        ranges.push(MediaRange {
+            ty,
+            subtype,
+            q,
+            params,
+        });
+    }
+    // Higher weight first, then more specific; the sort is stable so equal ranges keep the
+    // client's order (kubectl lists Table v1, Table v1beta1, then plain JSON).
+    ranges.sort_by(|a, b| {
+        b.q.total_cmp(&a.q)
+            .then_with(|| a.wildcards().cmp(&b.wildcards()))
+    });
+    ranges
+}
+
+/// Parse an HTTP Accept header: `Some(version)` when the first acceptable media range that
+/// kcache can serve is a Table (`application/json;as=Table;v=v1;g=meta.k8s.io` or v1beta1);
+/// `None` when plain JSON comes first (`application/json`, `*/*`, `application/*`, missing
+/// header) or nothing is servable (see [`accepts_json`]).
 pub fn table_version(accept: &str) -> Option<TableVersion> {
-    ranges(accept)
-        .iter()
-        .filter(|r| is_json_like(&r.mime))
-        .find_map(table_of)
-        .flatten()
-}
-
-/// False only when the header allows nothing kcache can send (JSON or Table-as-JSON).
-pub fn accepts_json(accept: &str) -> bool {
-    if accept.trim().is_empty() {
-        return true;
+    match media_ranges(accept).iter().find_map(MediaRange::servable) {
+        Some(Servable::Table(v)) => Some(v),
+        Some(Servable::Json) | None => None,
     }
-    ranges(accept)
-        .iter()
-        .any(|r| is_json_like(&r.mime) && table_of(r).is_some())
 }
 
+/// False only when the header is present and allows neither JSON nor Table-as-JSON (e.g.
+/// only `application/vnd.kubernetes.protobuf`), so the caller can answer 406.
+pub fn accepts_json(accept: &str) -> bool {
+    // A missing header means "anything"; the API server then answers with JSON.
+    accept.trim().is_empty() || media_ranges(accept).iter().any(|r| r.servable().is_some())
+}
+
+/// includeObject as the API server's `?includeObject=` query parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum IncludeObject {
     None,
+    /// kubectl's default: each row carries the object's metadata.
     #[default]
     Metadata,
     Object,
 }
 
 impl IncludeObject {
+    /// An absent or empty value means Metadata, as on the API server.
     pub fn parse(s: Option<&str>) -> Result<Self, Error> {
         match s {
             None | Some("") | Some("Metadata") => Ok(IncludeObject::Metadata),
             Some("None") => Ok(IncludeObject::None),
             Some("Object") => Ok(IncludeObject::Object),
-            Some(o) => Err(Error::InvalidIncludeObject(o.to_string())),
+            Some(other) => Err(Error::UnrecognizedIncludeObject(other.to_string())),
         }
     }
 }
 
-/// k8s.io/apimachinery's `duration.HumanDuration`.
-pub fn human_duration(secs: i64) -> String {
-    if secs < -1 {
-        return "<invalid>".into();
-    }
-    let s = secs.max(0);
-    if s < 60 * 2 {
-        return format!("{s}s");
-    }
-    let m = s / 60;
-    if m < 10 {
-        let rem = s % 60;
-        return if rem == 0 {
-            format!("{m}m")
-        } else {
-            format!("{m}m{rem}s")
-        };
-    }
-    if m < 60 * 3 {
-        return format!("{m}m");
-    }
-    let h = s / 3600;
-    if h < 8 {
-        let rem = (s % 3600) / 60;
-        return if rem == 0 {
-            format!("{h}h")
-        } else {
-            format!("{h}h{rem}m")
-        };
-    }
-    if h < 48 {
-        return format!("{h}h");
-    }
-    if h < 24 * 8 {
-        let d = h / 24;
-        let rem = h % 24;
-        return if rem == 0 {
-            format!("{d}d")
-        } else {
-            format!("{d}d{rem}h")
-        };
-    }
-    if h < 24 * 365 * 2 {
-        return format!("{}d", h / 24);
-    }
-    if h < 24 * 365 * 8 {
-        let y = h / (24 * 365);
-        let d = (h / 24) % 365;
-        return if d == 0 {
-            format!("{y}y")
-        } else {
-            format!("{y}y{d}d")
-        };
-    }
-    format!("{}y", h / (24 * 365))
+// ---------------------------------------------------------------------------
+// Time
+// ---------------------------------------------------------------------------
+
+/// Go's zero `time.Time` (0001-01-01T00:00:00Z) in Unix seconds: what a missing
+/// creationTimestamp decodes to, and what the printers treat as "unknown".
+const ZERO_TIME: i64 = -62_135_596_800;
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Hinnant's days_from_civil).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
-/// Seconds since the Unix epoch of an RFC 3339 UTC timestamp (`2026-11-22T12:00:00Z`).
-fn parse_time(s: &str) -> Option<i64> {
-    let b = s.as_bytes();
-    if b.len() < 20 {
+/// The inverse of [`days_from_civil`].
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+fn is_leap(y: i64) -> bool {
+    y % 4 == 0 && (y % 100 != 0 || y % 400 == 0)
+}
+
+/// Unix seconds of an RFC 3339 timestamp as metav1.Time accepts it
+/// (`2021-01-13T13:18:24Z`, optionally with fractional seconds or a numeric offset).
+fn parse_rfc3339(s: &str) -> Option<i64> {
+    let field = |from: usize, to: usize| -> Option<i64> {
+        let t = s.get(from..to)?;
+        t.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| t.parse().ok())
+            .flatten()
+    };
+    let sep = |at: usize, allowed: &[u8]| s.as_bytes().get(at).is_some_and(|b| allowed.contains(b));
+    if !(sep(4, b"-") && sep(7, b"-") && sep(10, b"Tt") && sep(13, b":") && sep(16, b":")) {
         return None;
     }
-    let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
-    let (y, mo, d, h, mi, se) = (
-        n(0..4)?,
-        n(5..7)?,
-        n(8..10)?,
-        n(11..13)?,
-        n(14..16)?,
-        n(17..19)?,
-    );
-    // Days from civil (Howard Hinnant's algorithm).
-    let y2 = if mo <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let mp = (mo + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(days * 86_400 + h * 3600 + mi * 60 + se)
+    let (y, mo, d) = (field(0, 4)?, field(5, 7)?, field(8, 10)?);
+    let (h, mi, se) = (field(11, 13)?, field(14, 16)?, field(17, 19)?);
+    let month_days = match mo {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if is_leap(y) => 29,
+        2 => 28,
+        _ => return None,
+    };
+    if d < 1 || d > month_days || h > 23 || mi > 59 || se > 59 {
+        return None;
+    }
+    let mut rest = s.get(19..)?;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        rest = frac.get(digits..)?;
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let sign = match rest.as_bytes().first() {
+                Some(b'+') => 1,
+                Some(b'-') => -1,
+                _ => return None,
+            };
+            // `rest` is the tail of `s`, so its `±HH:MM` starts at `base` in `s`.
+            let base = s.len() - rest.len();
+            if rest.len() != 6 || !sep(base + 3, b":") {
+                return None;
+            }
+            let (oh, om) = (field(base + 1, base + 3)?, field(base + 4, base + 6)?);
+            if oh > 23 || om > 59 {
+                return None;
+            }
+            sign * (oh * 3600 + om * 60)
+        }
+    };
+    Some(days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + se - offset)
 }
 
-fn age(obj: &Value, now: i64) -> String {
+/// Go's `t.UTC().Format(time.RFC3339)` for whole seconds.
+fn format_rfc3339(secs: i64) -> String {
+    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
+    let t = secs.rem_euclid(86_400);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        t / 3600,
+        t / 60 % 60,
+        t % 60
+    )
+}
+
+/// The object's creationTimestamp, or None when it is missing, unreadable, or Go's zero time.
+fn created_at(obj: &Value) -> Option<i64> {
     obj.pointer("/metadata/creationTimestamp")
         .and_then(Value::as_str)
-        .and_then(parse_time)
-        .map(|t| human_duration(now - t))
-        .unwrap_or_else(|| "<unknown>".into())
+        .and_then(parse_rfc3339)
+        .filter(|&t| t != ZERO_TIME)
 }
 
-fn s<'a>(obj: &'a Value, ptr: &str) -> &'a str {
-    obj.pointer(ptr).and_then(Value::as_str).unwrap_or("")
+/// k8s.io/apimachinery/pkg/util/duration.HumanDuration for a whole number of seconds:
+/// two or three significant figures, finer for recent times.
+fn human_duration(secs: i64) -> String {
+    // Up to a second in the future is tolerated as clock skew.
+    if secs < -1 {
+        return "<invalid>".to_string();
+    }
+    if secs < 0 {
+        return "0s".to_string();
+    }
+    if secs < 2 * 60 {
+        return format!("{secs}s");
+    }
+    let minutes = secs / 60;
+    if minutes < 10 {
+        return match secs % 60 {
+            0 => format!("{minutes}m"),
+            s => format!("{minutes}m{s}s"),
+        };
+    }
+    if minutes < 3 * 60 {
+        return format!("{minutes}m");
+    }
+    let hours = secs / 3600;
+    if hours < 8 {
+        return match minutes % 60 {
+            0 => format!("{hours}h"),
+            m => format!("{hours}h{m}m"),
+        };
+    }
+    if hours < 48 {
+        return format!("{hours}h");
+    }
+    let days = hours / 24;
+    if hours < 24 * 8 {
+        return match hours % 24 {
+            0 => format!("{days}d"),
+            h => format!("{days}d{h}h"),
+        };
+    }
+    if hours < 24 * 365 * 2 {
+        return format!("{days}d");
+    }
+    let years = days / 365;
+    if hours < 24 * 365 * 8 {
+        return match days % 365 {
+            0 => format!("{years}y"),
+            d => format!("{years}y{d}d"),
+        };
+    }
+    format!("{years}y")
 }
 
-fn or_none(v: &str) -> String {
-    if v.is_empty() {
-        "<none>".into()
-    } else {
-        v.to_string()
+/// The printers' AGE cell (translateTimestampSince).
+fn age(obj: &Value, now: i64) -> String {
+    created_at(obj).map_or_else(
+        || "<unknown>".to_string(),
+        |t| human_duration(now.saturating_sub(t)),
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Columns
+// ---------------------------------------------------------------------------
+
+struct Column {
+    name: &'static str,
+    ty: &'static str,
+    format: &'static str,
+    description: &'static str,
+    priority: i64,
+}
+
+/// A column shown by plain `kubectl get`.
+const fn col(name: &'static str, ty: &'static str, description: &'static str) -> Column {
+    Column {
+        name,
+        ty,
+        format: "",
+        description,
+        priority: 0,
     }
 }
 
-fn col(name: &str, ty: &str, format: &str, desc: &str, priority: i64) -> Value {
-    json!({"name": name, "type": ty, "format": format, "description": desc, "priority": priority})
-}
-
-const NAME_DESC: &str = "Name must be unique within a namespace. Is required when creating resources, although some resources may allow a client to request the generation of an appropriate name automatically. Name is primarily intended for creation idempotence and configuration definition. Cannot be updated. More info: http://kubernetes.io/docs/user-guide/identifiers#names";
-const AGE_DESC: &str = "CreationTimestamp is a timestamp representing the server time when this object was created. It is not guaranteed to be set in happens-before order across separate operations. Clients may not set this value. It is represented in RFC3339 form and is in UTC.\n\nPopulated by the system. Read-only. Null for lists. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata";
-
-fn columns(group: &str, resource: &str) -> Vec<Value> {
-    let name = col("Name", "string", "name", NAME_DESC, 0);
-    let age = col("Age", "string", "", AGE_DESC, 0);
-    match (group, resource) {
-        ("", "secrets") => vec![
-            name,
-            col("Type", "string", "", "Used to facilitate programmatic handling of secret data.", 0),
-            col("Data", "string", "", "Data contains the secret data. Each key must consist of alphanumeric characters, '-', '_' or '.'. The serialized form of the secret data is a base64 encoded string, representing the arbitrary (possibly non-string) data value here. Described in https://tools.ietf.org/html/rfc4648#section-4", 0),
-            age,
-        ],
-        ("", "configmaps") => vec![
-            name,
-            col("Data", "string", "", "Data contains the configuration data. Each key must consist of alphanumeric characters, '-', '_' or '.'. Values with non-UTF-8 byte sequences must use the BinaryData field. The keys stored in Data must not overlap with the keys in the BinaryData field, this is enforced during validation process.", 0),
-            age,
-        ],
-        ("", "namespaces") => vec![
-            name,
-            col("Status", "string", "", "The status of the namespace", 0),
-            age,
-        ],
-        ("", "services") => vec![
-            name,
-            col("Type", "string", "", "type determines how the Service is exposed. Defaults to ClusterIP. Valid options are ExternalName, ClusterIP, NodePort, and LoadBalancer.", 0),
-            col("Cluster-IP", "string", "", "clusterIP is the IP address of the service and is usually assigned randomly by the master.", 0),
-            col("External-IP", "string", "", "externalIPs is a list of IP addresses for which nodes in the cluster will also accept traffic for this service.", 0),
-            col("Port(s)", "string", "", "The list of ports that are exposed by this service.", 0),
-            age,
-            col("Selector", "string", "", "Route service traffic to pods with label keys and values matching this selector.", 1),
-        ],
-        ("", "endpoints") => vec![
-            name,
-            col("Endpoints", "string", "", "Endpoints is the list of endpoints in the Endpoints object.", 0),
-            age,
-        ],
-        ("", "pods") => vec![
-            name,
-            col("Ready", "string", "", "The aggregate readiness state of this pod for accepting traffic.", 0),
-            col("Status", "string", "", "The aggregate status of the containers in this pod.", 0),
-            col("Restarts", "integer", "", "The number of times the containers in this pod have been restarted.", 0),
-            age,
-            col("IP", "string", "", "IP address allocated to the pod. Routable at least within the cluster. Empty if not yet allocated.", 1),
-            col("Node", "string", "", "Name of the Node the Pod is assigned to.", 1),
-            col("Nominated Node", "string", "", "Name of the node this Pod is nominated to.", 1),
-            col("Readiness Gates", "string", "", "Readiness Gates of the Pod.", 1),
-        ],
-        _ => vec![name, col("Created At", "date", "", AGE_DESC, 0)],
+/// A column shown only by `kubectl get -o wide`.
+const fn wide(name: &'static str, description: &'static str) -> Column {
+    Column {
+        name,
+        ty: "string",
+        format: "",
+        description,
+        priority: 1,
     }
 }
 
-fn count(obj: &Value, ptr: &str) -> i64 {
+// Descriptions are the 1.20 API's field docs (ObjectMeta and core/v1 SwaggerDoc), which the
+// printers reuse, or the printers' own text.
+const DESC_NAME: &str = "Name must be unique within a namespace. Is required when creating resources, although some resources may allow a client to request the generation of an appropriate name automatically. Name is primarily intended for creation idempotence and configuration definition. Cannot be updated. More info: http://kubernetes.io/docs/user-guide/identifiers#names";
+const DESC_CREATED: &str = "CreationTimestamp is a timestamp representing the server time when this object was created. It is not guaranteed to be set in happens-before order across separate operations. Clients may not set this value. It is represented in RFC3339 form and is in UTC.\n\nPopulated by the system. Read-only. Null for lists. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata";
+const DESC_SECRET_TYPE: &str = "Used to facilitate programmatic handling of secret data.";
+const DESC_SECRET_DATA: &str = "Data contains the secret data. Each key must consist of alphanumeric characters, '-', '_' or '.'. The serialized form of the secret data is a base64 encoded string, representing the arbitrary (possibly non-string) data value here. Described in https://tools.ietf.org/html/rfc4648#section-4";
+const DESC_CONFIGMAP_DATA: &str = "Data contains the configuration data. Each key must consist of alphanumeric characters, '-', '_' or '.'. Values with non-UTF-8 byte sequences must use the BinaryData field. The keys stored in Data must not overlap with the keys in the BinaryData field, this is enforced during validation process.";
+const DESC_SERVICE_TYPE: &str = "type determines how the Service is exposed. Defaults to ClusterIP. Valid options are ExternalName, ClusterIP, NodePort, and LoadBalancer. \"ClusterIP\" allocates a cluster-internal IP address for load-balancing to endpoints. Endpoints are determined by the selector or if that is not specified, by manual construction of an Endpoints object or EndpointSlice objects. If clusterIP is \"None\", no virtual IP is allocated and the endpoints are published as a set of endpoints rather than a virtual IP. \"NodePort\" builds on ClusterIP and allocates a port on every node which routes to the same endpoints as the clusterIP. \"LoadBalancer\" builds on NodePort and creates an external load-balancer (if supported in the current cloud) which routes to the same endpoints as the clusterIP. \"ExternalName\" aliases this service to the specified externalName. Several other fields do not apply to ExternalName services. More info: https://kubernetes.io/docs/concepts/services-networking/service/#publishing-services-service-types";
+const DESC_CLUSTER_IP: &str = "clusterIP is the IP address of the service and is usually assigned randomly. If an address is specified manually, is in-range (as per system configuration), and is not in use, it will be allocated to the service; otherwise creation of the service will fail. This field may not be changed through updates unless the type field is also being changed to ExternalName (which requires this field to be blank) or the type field is being changed from ExternalName (in which case this field may optionally be specified, as describe above).  Valid values are \"None\", empty string (\"\"), or a valid IP address. Setting this to \"None\" makes a \"headless service\" (no virtual IP), which is useful when direct endpoint connections are preferred and proxying is not required.  Only applies to types ClusterIP, NodePort, and LoadBalancer. If this field is specified when creating a Service of type ExternalName, creation will fail. This field will be wiped when updating a Service to type ExternalName. More info: https://kubernetes.io/docs/concepts/services-networking/service/#virtual-ips-and-service-proxies";
+const DESC_EXTERNAL_IPS: &str = "externalIPs is a list of IP addresses for which nodes in the cluster will also accept traffic for this service.  These IPs are not managed by Kubernetes.  The user is responsible for ensuring that traffic arrives at a node with this IP.  A common example is external load-balancers that are not part of the Kubernetes system.";
+const DESC_PORTS: &str = "The list of ports that are exposed by this service. More info: https://kubernetes.io/docs/concepts/services-networking/service/#virtual-ips-and-service-proxies";
+const DESC_SELECTOR: &str = "Route service traffic to pods with label keys and values matching this selector. If empty or not present, the service is assumed to have an external process managing its endpoints, which Kubernetes will not modify. Only applies to types ClusterIP, NodePort, and LoadBalancer. Ignored if type is ExternalName. More info: https://kubernetes.io/docs/concepts/services-networking/service/";
+const DESC_SUBSETS: &str = "The set of all endpoints is the union of all subsets. Addresses are placed into subsets according to the IPs they share. A single address with multiple ports, some of which are ready and some of which are not (because they come from different containers) will result in the address being displayed in different subsets for the different ports. No address will appear in both Addresses and NotReadyAddresses in the same subset. Sets of addresses and ports that comprise a service.";
+const DESC_POD_IP: &str = "IP address allocated to the pod. Routable at least within the cluster. Empty if not yet allocated.";
+const DESC_NODE_NAME: &str = "NodeName is a request to schedule this pod onto a specific node. If it is non-empty, the scheduler simply schedules this pod onto that node, assuming that it fits resource requirements.";
+const DESC_NOMINATED_NODE: &str = "nominatedNodeName is set only when this pod preempts other pods on the node, but it cannot be scheduled right away as preemption victims receive their graceful termination periods. This field does not guarantee that the pod will be scheduled on this node. Scheduler may decide to place the pod elsewhere if other nodes become available sooner. Scheduler may also decide to give the resources on this node to a higher priority pod that is created after preemption. As a result, this field may be different than PodSpec.nodeName when the pod is scheduled.";
+const DESC_READINESS_GATES: &str = "If specified, all readiness gates will be evaluated for pod readiness. A pod is ready when all its containers are ready AND all conditions specified in the readiness gates have status equal to \"True\" More info: https://git.k8s.io/enhancements/keps/sig-network/0007-pod-ready%2B%2B.md";
+
+const NAME: Column = Column {
+    name: "Name",
+    ty: "string",
+    format: "name",
+    description: DESC_NAME,
+    priority: 0,
+};
+const AGE: Column = col("Age", "string", DESC_CREATED);
+
+const SECRET_COLUMNS: &[Column] = &[
+    NAME,
+    col("Type", "string", DESC_SECRET_TYPE),
+    col("Data", "string", DESC_SECRET_DATA),
+    AGE,
+];
+const CONFIGMAP_COLUMNS: &[Column] = &[NAME, col("Data", "string", DESC_CONFIGMAP_DATA), AGE];
+const NAMESPACE_COLUMNS: &[Column] = &[
+    NAME,
+    col("Status", "string", "The status of the namespace"),
+    AGE,
+];
+const SERVICE_COLUMNS: &[Column] = &[
+    NAME,
+    col("Type", "string", DESC_SERVICE_TYPE),
+    col("Cluster-IP", "string", DESC_CLUSTER_IP),
+    col("External-IP", "string", DESC_EXTERNAL_IPS),
+    col("Port(s)", "string", DESC_PORTS),
+    AGE,
+    wide("Selector", DESC_SELECTOR),
+];
+const ENDPOINTS_COLUMNS: &[Column] = &[NAME, col("Endpoints", "string", DESC_SUBSETS), AGE];
+const POD_COLUMNS: &[Column] = &[
+    NAME,
+    col(
+        "Ready",
+        "string",
+        "The aggregate readiness state of this pod for accepting traffic.",
+    ),
+    col(
+        "Status",
+        "string",
+        "The aggregate status of the containers in this pod.",
+    ),
+    col(
+        "Restarts",
+        "integer",
+        "The number of times the containers in this pod have been restarted.",
+    ),
+    AGE,
+    wide("IP", DESC_POD_IP),
+    wide("Node", DESC_NODE_NAME),
+    wide("Nominated Node", DESC_NOMINATED_NODE),
+    wide("Readiness Gates", DESC_READINESS_GATES),
+];
+/// The API server's default table convertor, for resources without a printer.
+const DEFAULT_COLUMNS: &[Column] = &[NAME, col("Created At", "date", DESC_CREATED)];
+
+// ---------------------------------------------------------------------------
+// Printers
+// ---------------------------------------------------------------------------
+
+/// Which 1.20 printer renders a resource. The API server prints every column, wide ones
+/// included (kubectl hides priority > 0 unless `-o wide`), so rows always fill every column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Printer {
+    Secret,
+    ConfigMap,
+    Namespace,
+    Service,
+    Endpoints,
+    Pod,
+    Default,
+}
+
+impl Printer {
+    fn for_resource(group: &str, resource: &str) -> Self {
+        match (group, resource) {
+            ("", "secrets") => Printer::Secret,
+            ("", "configmaps") => Printer::ConfigMap,
+            ("", "namespaces") => Printer::Namespace,
+            ("", "services") => Printer::Service,
+            ("", "endpoints") => Printer::Endpoints,
+            ("", "pods") => Printer::Pod,
+            _ => Printer::Default,
+        }
+    }
+
+    fn columns(self) -> &'static [Column] {
+        match self {
+            Printer::Secret => SECRET_COLUMNS,
+            Printer::ConfigMap => CONFIGMAP_COLUMNS,
+            Printer::Namespace => NAMESPACE_COLUMNS,
+            Printer::Service => SERVICE_COLUMNS,
+            Printer::Endpoints => ENDPOINTS_COLUMNS,
+            Printer::Pod => POD_COLUMNS,
+            Printer::Default => DEFAULT_COLUMNS,
+        }
+    }
+
+    fn column_definitions(self) -> Value {
+        self.columns()
+            .iter()
+            .map(|c| {
+                json!({
+                    "name": c.name,
+                    "type": c.ty,
+                    "format": c.format,
+                    "description": c.description,
+                    "priority": c.priority,
+                })
+            })
+            .collect()
+    }
+
+    /// The row's cells, and its conditions (only pods have any).
+    fn print(self, obj: &Value, now: i64) -> (Vec<Value>, Option<Value>) {
+        let name = json!(str_at(obj, "/metadata/name"));
+        let cells = match self {
+            Printer::Secret => vec![
+                name,
+                json!(str_at(obj, "/type")),
+                json!(map_len(obj, "/data")),
+                json!(age(obj, now)),
+            ],
+            Printer::ConfigMap => vec![
+                name,
+                json!(map_len(obj, "/data") + map_len(obj, "/binaryData")),
+                json!(age(obj, now)),
+            ],
+            Printer::Namespace => vec![
+                name,
+                json!(str_at(obj, "/status/phase")),
+                json!(age(obj, now)),
+            ],
+            Printer::Service => vec![
+                name,
+                json!(str_at(obj, "/spec/type")),
+                json!(service_cluster_ip(obj)),
+                json!(service_external_ip(obj)),
+                json!(service_ports(obj)),
+                json!(age(obj, now)),
+                json!(format_labels(obj.pointer("/spec/selector"))),
+            ],
+            Printer::Endpoints => vec![name, json!(format_endpoints(obj)), json!(age(obj, now))],
+            Printer::Pod => return print_pod(obj, now),
+            Printer::Default => vec![
+                name,
+                json!(format_rfc3339(created_at(obj).unwrap_or(ZERO_TIME))),
+            ],
+        };
+        (cells, None)
+    }
+}
+
+fn str_at<'a>(obj: &'a Value, ptr: &str) -> &'a str {
+    obj.pointer(ptr).and_then(Value::as_str).unwrap_or_default()
+}
+
+fn array_at<'a>(obj: &'a Value, ptr: &str) -> &'a [Value] {
+    obj.pointer(ptr)
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+fn map_len(obj: &Value, ptr: &str) -> i64 {
     obj.pointer(ptr)
         .and_then(Value::as_object)
-        .map_or(0, |m| m.len() as i64)
+        .map_or(0, |m| i64::try_from(m.len()).unwrap_or(i64::MAX))
 }
 
-fn service_ports(obj: &Value) -> String {
-    let ports: Vec<String> = obj
-        .pointer("/spec/ports")
-        .and_then(Value::as_array)
-        .map(|ps| {
-            ps.iter()
-                .map(|p| {
-                    let port = p["port"].as_i64().unwrap_or(0);
-                    let proto = p["protocol"].as_str().unwrap_or("TCP");
-                    match p["nodePort"].as_i64() {
-                        Some(np) if np != 0 => format!("{port}:{np}/{proto}"),
-                        _ => format!("{port}/{proto}"),
-                    }
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    if ports.is_empty() {
-        "<none>".into()
+fn int_at(obj: &Value, key: &str) -> i64 {
+    obj.get(key).and_then(Value::as_i64).unwrap_or_default()
+}
+
+fn or_none(s: &str) -> String {
+    if s.is_empty() {
+        "<none>".to_string()
     } else {
-        ports.join(",")
+        s.to_string()
     }
 }
 
-fn endpoints(obj: &Value) -> String {
-    let mut list = Vec::new();
-    let mut total = 0;
-    for subset in obj
-        .pointer("/subsets")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let ports: Vec<i64> = subset["ports"]
-            .as_array()
-            .map(|p| p.iter().filter_map(|x| x["port"].as_i64()).collect())
-            .unwrap_or_default();
-        for addr in subset["addresses"].as_array().into_iter().flatten() {
-            let ip = addr["ip"].as_str().unwrap_or("");
-            if ports.is_empty() {
-                total += 1;
-                if list.len() < 3 {
-                    list.push(ip.to_string());
-                }
-            }
-            for p in &ports {
-                total += 1;
-                if list.len() < 3 {
-                    list.push(format!("{ip}:{p}"));
-                }
-            }
-        }
-    }
-    if list.is_empty() {
-        return "<none>".into();
-    }
-    let mut out = list.join(",");
-    if total > list.len() {
-        out.push_str(&format!(" + {} more...", total - list.len()));
-    }
-    out
+/// labels.FormatLabels: `k=v` sorted by key, or `<none>`.
+fn format_labels(labels: Option<&Value>) -> String {
+    let Some(map) = labels.and_then(Value::as_object) else {
+        return "<none>".to_string();
+    };
+    // serde_json's map is ordered by key already, but don't depend on its features.
+    let mut pairs: Vec<String> = map
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect();
+    pairs.sort();
+    or_none(&pairs.join(","))
 }
 
-/// The Status column as the 1.20 pod printer derives it.
-pub fn pod_status(pod: &Value) -> String {
-    let mut reason = s(pod, "/status/reason").to_string();
-    if reason.is_empty() {
-        reason = s(pod, "/status/phase").to_string();
-    }
-    let inits = pod
-        .pointer("/status/initContainerStatuses")
-        .and_then(Value::as_array)
-        .cloned()
+/// The first cluster IP: dual-stack services list both families in clusterIPs.
+fn service_cluster_ip(svc: &Value) -> String {
+    let first = array_at(svc, "/spec/clusterIPs")
+        .first()
+        .and_then(Value::as_str)
         .unwrap_or_default();
-    let n_init = pod
-        .pointer("/spec/initContainers")
-        .and_then(Value::as_array)
-        .map_or(0, Vec::len);
-    let mut initializing = false;
-    for (i, c) in inits.iter().enumerate() {
-        let term = &c["state"]["terminated"];
-        let waiting = &c["state"]["waiting"];
-        if term.is_object() && term["exitCode"].as_i64() == Some(0) {
-            continue;
-        }
-        reason = if term.is_object() {
-            match term["reason"].as_str() {
-                Some(r) if !r.is_empty() => format!("Init:{r}"),
-                _ => match term["signal"].as_i64() {
-                    Some(sig) if sig != 0 => format!("Init:Signal:{sig}"),
-                    _ => format!("Init:ExitCode:{}", term["exitCode"].as_i64().unwrap_or(0)),
-                },
+    if first.is_empty() {
+        or_none(str_at(svc, "/spec/clusterIP"))
+    } else {
+        first.to_string()
+    }
+}
+
+fn service_external_ip(svc: &Value) -> String {
+    let external: Vec<&str> = array_at(svc, "/spec/externalIPs")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    match str_at(svc, "/spec/type") {
+        "ClusterIP" | "NodePort" if external.is_empty() => "<none>".to_string(),
+        "ClusterIP" | "NodePort" => external.join(","),
+        "LoadBalancer" => {
+            // The load balancer's addresses (IP, else hostname) as a sorted set; the API
+            // server prints wide, so they are never shortened.
+            let mut lb: Vec<&str> = array_at(svc, "/status/loadBalancer/ingress")
+                .iter()
+                .filter_map(|i| {
+                    let ip = i.get("ip").and_then(Value::as_str).unwrap_or_default();
+                    let host = i
+                        .get("hostname")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    [ip, host].into_iter().find(|s| !s.is_empty())
+                })
+                .collect();
+            lb.sort_unstable();
+            lb.dedup();
+            if lb.is_empty() && external.is_empty() {
+                "<pending>".to_string()
+            } else {
+                lb.into_iter().chain(external).collect::<Vec<_>>().join(",")
             }
-        } else if waiting["reason"]
-            .as_str()
-            .is_some_and(|r| !r.is_empty() && r != "PodInitializing")
-        {
-            format!("Init:{}", waiting["reason"].as_str().unwrap_or(""))
+        }
+        "ExternalName" => str_at(svc, "/spec/externalName").to_string(),
+        _ => "<unknown>".to_string(),
+    }
+}
+
+fn service_ports(svc: &Value) -> String {
+    let ports: Vec<String> = array_at(svc, "/spec/ports")
+        .iter()
+        .map(|p| {
+            let port = int_at(p, "port");
+            let protocol = p
+                .get("protocol")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            match int_at(p, "nodePort") {
+                np if np > 0 => format!("{port}:{np}/{protocol}"),
+                _ => format!("{port}/{protocol}"),
+            }
+        })
+        .collect();
+    or_none(&ports.join(","))
+}
+
+/// Go's net.JoinHostPort: IPv6 hosts are bracketed.
+fn join_host_port(host: &str, port: i64) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// The endpoints printer: the first three addresses (`ip:port`, port by port, or bare IPs
+/// for a subset without ports), then ` + N more...`. Not-ready addresses are not shown.
+fn format_endpoints(ep: &Value) -> String {
+    const MAX: usize = 3;
+    let subsets = array_at(ep, "/subsets");
+    if subsets.is_empty() {
+        return "<none>".to_string();
+    }
+    let mut shown: Vec<String> = Vec::with_capacity(MAX);
+    let mut total = 0usize;
+    let mut add = |entry: String| {
+        if shown.len() < MAX {
+            shown.push(entry);
+        }
+        total += 1;
+    };
+    for subset in subsets {
+        let ips: Vec<&str> = array_at(subset, "/addresses")
+            .iter()
+            .map(|a| a.get("ip").and_then(Value::as_str).unwrap_or_default())
+            .collect();
+        let ports = array_at(subset, "/ports");
+        if ports.is_empty() {
+            // Headless services may have no ports.
+            ips.iter().for_each(|ip| add((*ip).to_string()));
         } else {
-            format!("Init:{i}/{n_init}")
+            // Port-major, as the printer walks them.
+            for port in ports {
+                let port = int_at(port, "port");
+                ips.iter().for_each(|ip| add(join_host_port(ip, port)));
+            }
+        }
+    }
+    let list = shown.join(",");
+    if total > MAX {
+        format!("{list} + {} more...", total - MAX)
+    } else {
+        list
+    }
+}
+
+/// One of a container status' states, when present (Go's non-nil pointer).
+fn state<'a>(status: &'a Value, which: &str) -> Option<&'a Map<String, Value>> {
+    status.get("state")?.get(which)?.as_object()
+}
+
+fn text<'a>(m: &'a Map<String, Value>, key: &str) -> &'a str {
+    m.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+fn number(m: &Map<String, Value>, key: &str) -> i64 {
+    m.get(key).and_then(Value::as_i64).unwrap_or_default()
+}
+
+/// A terminated container's reason, else its signal, else its exit code.
+fn terminated_reason(t: &Map<String, Value>, prefix: &str) -> String {
+    let reason = text(t, "reason");
+    if !reason.is_empty() {
+        return format!("{prefix}{reason}");
+    }
+    match number(t, "signal") {
+        0 => format!("{prefix}ExitCode:{}", number(t, "exitCode")),
+        signal => format!("{prefix}Signal:{signal}"),
+    }
+}
+
+/// What the pod printer derives from a pod's status.
+#[derive(Debug, PartialEq, Eq)]
+struct PodSummary {
+    ready: usize,
+    total: usize,
+    status: String,
+    restarts: i64,
+}
+
+/// The 1.20 pod printer's READY, STATUS and RESTARTS.
+fn pod_summary(pod: &Value) -> PodSummary {
+    let mut status = match str_at(pod, "/status/reason") {
+        "" => str_at(pod, "/status/phase").to_string(),
+        reason => reason.to_string(),
+    };
+    let mut restarts = 0;
+    let mut ready = 0;
+
+    // The first init container that has not succeeded decides the status.
+    let init_total = array_at(pod, "/spec/initContainers").len();
+    let mut initializing = false;
+    for (i, c) in array_at(pod, "/status/initContainerStatuses")
+        .iter()
+        .enumerate()
+    {
+        restarts += int_at(c, "restartCount");
+        let waiting_reason = state(c, "waiting").map(|w| text(w, "reason"));
+        status = match state(c, "terminated") {
+            Some(t) if number(t, "exitCode") == 0 => continue,
+            Some(t) => terminated_reason(t, "Init:"),
+            // PodInitializing is the kubelet's placeholder, not worth showing.
+            None => match waiting_reason {
+                Some(r) if !r.is_empty() && r != "PodInitializing" => format!("Init:{r}"),
+                _ => format!("Init:{i}/{init_total}"),
+            },
         };
         initializing = true;
         break;
     }
+
     if !initializing {
+        // Once initialized only the app containers' restarts count.
+        restarts = 0;
         let mut has_running = false;
-        let statuses = pod
-            .pointer("/status/containerStatuses")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        for c in statuses.iter().rev() {
-            let st = &c["state"];
-            if let Some(r) = st["waiting"]["reason"].as_str().filter(|r| !r.is_empty()) {
-                reason = r.to_string();
-            } else if st["terminated"].is_object() {
-                reason = match st["terminated"]["reason"]
-                    .as_str()
-                    .filter(|r| !r.is_empty())
-                {
-                    Some(r) => r.to_string(),
-                    None => match st["terminated"]["signal"].as_i64() {
-                        Some(sig) if sig != 0 => format!("Signal:{sig}"),
-                        _ => format!(
-                            "ExitCode:{}",
-                            st["terminated"]["exitCode"].as_i64().unwrap_or(0)
-                        ),
-                    },
-                };
-            } else if st["running"].is_object() && c["ready"].as_bool() == Some(true) {
+        // Walked last to first so the first container's state wins.
+        for c in array_at(pod, "/status/containerStatuses").iter().rev() {
+            restarts += int_at(c, "restartCount");
+            let waiting = state(c, "waiting")
+                .map(|w| text(w, "reason"))
+                .filter(|r| !r.is_empty());
+            if let Some(reason) = waiting {
+                status = reason.to_string();
+            } else if let Some(t) = state(c, "terminated") {
+                status = terminated_reason(t, "");
+            } else if c.get("ready").and_then(Value::as_bool) == Some(true)
+                && state(c, "running").is_some()
+            {
                 has_running = true;
+                ready += 1;
             }
         }
-        if reason == "Completed" && has_running {
-            reason = "Running".into();
+        // A finished sidecar should not hide containers still serving.
+        if status == "Completed" && has_running {
+            status = if has_ready_condition(pod) {
+                "Running".to_string()
+            } else {
+                "NotReady".to_string()
+            };
         }
     }
+
     if pod
         .pointer("/metadata/deletionTimestamp")
-        .is_some_and(|v| !v.is_null())
+        .is_some_and(|t| !t.is_null())
     {
-        reason = if s(pod, "/status/reason") == "NodeLost" {
-            "Unknown".into()
+        // NodeLost: the node stopped reporting, so the pod's fate is unknown.
+        status = if str_at(pod, "/status/reason") == "NodeLost" {
+            "Unknown".to_string()
         } else {
-            "Terminating".into()
+            "Terminating".to_string()
         };
     }
-    reason
-}
 
-fn cells(group: &str, resource: &str, obj: &Value, now: i64) -> Vec<Value> {
-    let name = json!(s(obj, "/metadata/name"));
-    match (group, resource) {
-        ("", "secrets") => vec![
-            name,
-            json!(s(obj, "/type")),
-            json!(count(obj, "/data")),
-            json!(age(obj, now)),
-        ],
-        ("", "configmaps") => vec![
-            name,
-            json!(count(obj, "/data") + count(obj, "/binaryData")),
-            json!(age(obj, now)),
-        ],
-        ("", "namespaces") => vec![name, json!(s(obj, "/status/phase")), json!(age(obj, now))],
-        ("", "services") => {
-            let ty = s(obj, "/spec/type");
-            let external: Vec<String> = obj
-                .pointer("/spec/externalIPs")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|v| v.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default();
-            let lb: Vec<String> = obj
-                .pointer("/status/loadBalancer/ingress")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|v| {
-                            v["ip"]
-                                .as_str()
-                                .or(v["hostname"].as_str())
-                                .map(str::to_string)
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            let ext = match ty {
-                "ExternalName" => s(obj, "/spec/externalName").to_string(),
-                "LoadBalancer" if lb.is_empty() && external.is_empty() => "<pending>".into(),
-                _ => {
-                    let all: Vec<String> = lb.into_iter().chain(external).collect();
-                    if all.is_empty() {
-                        "<none>".into()
-                    } else {
-                        all.join(",")
-                    }
-                }
-            };
-            let selector = obj
-                .pointer("/spec/selector")
-                .and_then(Value::as_object)
-                .map(|m| {
-                    let mut v: Vec<String> = m
-                        .iter()
-                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                        .collect();
-                    v.sort();
-                    v.join(",")
-                })
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| "<none>".into());
-            vec![
-                name,
-                json!(ty),
-                json!(or_none(s(obj, "/spec/clusterIP"))),
-                json!(ext),
-                json!(service_ports(obj)),
-                json!(age(obj, now)),
-                json!(selector),
-            ]
-        }
-        ("", "endpoints") => vec![name, json!(endpoints(obj)), json!(age(obj, now))],
-        ("", "pods") => {
-            let statuses = obj
-                .pointer("/status/containerStatuses")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            let total = obj
-                .pointer("/spec/containers")
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len);
-            let ready = statuses
-                .iter()
-                .filter(|c| c["ready"].as_bool() == Some(true))
-                .count();
-            let restarts: i64 = statuses
-                .iter()
-                .filter_map(|c| c["restartCount"].as_i64())
-                .sum();
-            let gates = obj
-                .pointer("/spec/readinessGates")
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len);
-            let gates = if gates == 0 {
-                "<none>".to_string()
-            } else {
-                let ok = obj
-                    .pointer("/status/conditions")
-                    .and_then(Value::as_array)
-                    .map_or(0, |cs| {
-                        cs.iter()
-                            .filter(|c| {
-                                c["status"] == "True"
-                                    && obj["spec"]["readinessGates"].as_array().is_some_and(|g| {
-                                        g.iter().any(|g| g["conditionType"] == c["type"])
-                                    })
-                            })
-                            .count()
-                    });
-                format!("{ok}/{gates}")
-            };
-            vec![
-                name,
-                json!(format!("{ready}/{total}")),
-                json!(pod_status(obj)),
-                json!(restarts),
-                json!(age(obj, now)),
-                json!(or_none(s(obj, "/status/podIP"))),
-                json!(or_none(s(obj, "/spec/nodeName"))),
-                json!(or_none(s(obj, "/status/nominatedNodeName"))),
-                json!(gates),
-            ]
-        }
-        _ => vec![name, json!(s(obj, "/metadata/creationTimestamp"))],
+    PodSummary {
+        ready,
+        total: array_at(pod, "/spec/containers").len(),
+        status,
+        restarts,
     }
 }
 
-fn row_object(obj: &Value, include: IncludeObject) -> Option<Value> {
+fn has_ready_condition(pod: &Value) -> bool {
+    array_at(pod, "/status/conditions").iter().any(|c| {
+        c.get("type").and_then(Value::as_str) == Some("Ready")
+            && c.get("status").and_then(Value::as_str) == Some("True")
+    })
+}
+
+/// `true/total` readiness gates, each judged by the first condition of its type.
+fn readiness_gates(pod: &Value) -> String {
+    let gates = array_at(pod, "/spec/readinessGates");
+    if gates.is_empty() {
+        return "<none>".to_string();
+    }
+    let conditions = array_at(pod, "/status/conditions");
+    let passed = gates
+        .iter()
+        .filter(|gate| {
+            let ty = gate.get("conditionType");
+            conditions
+                .iter()
+                .find(|c| c.get("type") == ty)
+                .is_some_and(|c| c.get("status").and_then(Value::as_str) == Some("True"))
+        })
+        .count();
+    format!("{passed}/{}", gates.len())
+}
+
+fn print_pod(pod: &Value, now: i64) -> (Vec<Value>, Option<Value>) {
+    let summary = pod_summary(pod);
+    let ip = array_at(pod, "/status/podIPs")
+        .first()
+        .and_then(|ip| ip.get("ip"))
+        .and_then(Value::as_str)
+        .filter(|ip| !ip.is_empty())
+        .unwrap_or_else(|| str_at(pod, "/status/podIP"));
+    let cells = vec![
+        json!(str_at(pod, "/metadata/name")),
+        json!(format!("{}/{}", summary.ready, summary.total)),
+        json!(summary.status),
+        json!(summary.restarts),
+        json!(age(pod, now)),
+        json!(or_none(ip)),
+        json!(or_none(str_at(pod, "/spec/nodeName"))),
+        json!(or_none(str_at(pod, "/status/nominatedNodeName"))),
+        json!(readiness_gates(pod)),
+    ];
+    // Row conditions let clients tell finished pods apart without parsing STATUS.
+    let conditions = match str_at(pod, "/status/phase") {
+        "Succeeded" => Some(json!([{
+            "type": "Completed",
+            "status": "True",
+            "reason": "Succeeded",
+            "message": "The pod has completed successfully.",
+        }])),
+        "Failed" => Some(json!([{
+            "type": "Completed",
+            "status": "True",
+            "reason": "Failed",
+            "message": "The pod failed.",
+        }])),
+        _ => None,
+    };
+    (cells, conditions)
+}
+
+// ---------------------------------------------------------------------------
+// Table
+// ---------------------------------------------------------------------------
+
+fn row_object(obj: &Value, include: IncludeObject, version: TableVersion) -> Option<Value> {
     match include {
         IncludeObject::None => None,
         IncludeObject::Object => Some(obj.clone()),
+        // The API server labels the partial object with the Table's own group version.
         IncludeObject::Metadata => Some(json!({
             "kind": "PartialObjectMetadata",
-            "apiVersion": "meta.k8s.io/v1",
-            "metadata": obj.get("metadata").cloned().unwrap_or(json!({})),
+            "apiVersion": version.api_version(),
+            "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
         })),
     }
 }
 
+/// Build the Table for `objects` of resource `resource` (plural, e.g. "secrets") in group
+/// `group` ("" for core). `list_meta` (`{"resourceVersion": ..., "continue"?: ...}`) becomes
+/// the Table's metadata; `now` (Unix seconds) dates the AGE columns. Each row has the
+/// printer's cells and, per `include`, a PartialObjectMetadata, the whole object, or nothing.
 pub fn to_table(
     version: TableVersion,
     group: &str,
@@ -577,21 +948,33 @@ pub fn to_table(
     include: IncludeObject,
     now: i64,
 ) -> Value {
+    let printer = Printer::for_resource(group, resource);
     let rows: Vec<Value> = objects
         .iter()
-        .map(|o| {
-            let mut row = json!({ "cells": cells(group, resource, o, now) });
-            if let Some(obj) = row_object(o, include) {
-                row["object"] = obj;
+        .map(|obj| {
+            let (cells, conditions) = printer.print(obj, now);
+            let mut row = Map::new();
+            row.insert("cells".into(), Value::Array(cells));
+            if let Some(c) = conditions {
+                row.insert("conditions".into(), c);
             }
-            row
+            if let Some(o) = row_object(obj, include, version) {
+                row.insert("object".into(), o);
+            }
+            Value::Object(row)
         })
         .collect();
+    // ListMeta is always an object on the wire.
+    let metadata = if list_meta.is_object() {
+        list_meta
+    } else {
+        json!({})
+    };
     json!({
         "kind": "Table",
         "apiVersion": version.api_version(),
-        "metadata": list_meta,
-        "columnDefinitions": columns(group, resource),
+        "metadata": metadata,
+        "columnDefinitions": printer.column_definitions(),
         "rows": rows,
     })
 }
@@ -601,164 +984,1017 @@ mod tests {
     use super::*;
 
     const KUBECTL: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
+    const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
 
     #[test]
     fn accept_headers() {
-        assert_eq!(table_version(KUBECTL), Some(TableVersion::V1));
+        use TableVersion::{V1Beta1, V1};
+        // (header, table version, accepts JSON)
+        let cases: &[(&str, Option<TableVersion>, bool)] = &[
+            (KUBECTL, Some(V1), true),
+            (
+                "application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json",
+                Some(V1Beta1),
+                true,
+            ),
+            ("application/json", None, true),
+            ("application/json;charset=utf-8", None, true),
+            ("Application/JSON", None, true),
+            ("", None, true),
+            ("   ", None, true),
+            ("*/*", None, true),
+            ("*", None, true),
+            ("application/*", None, true),
+            ("text/html,application/xhtml+xml,*/*;q=0.8", None, true),
+            (PROTOBUF, None, false),
+            ("application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io", None, false),
+            ("application/yaml", None, false),
+            ("text/plain", None, false),
+            ("garbage", None, false),
+            // Protobuf first: kcache skips to what it can encode.
+            ("application/vnd.kubernetes.protobuf, application/json", None, true),
+            (
+                "application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io",
+                Some(V1Beta1),
+                true,
+            ),
+            // Conversions kcache does not perform are skipped.
+            ("application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io", None, false),
+            (
+                "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io,application/json",
+                None,
+                true,
+            ),
+            ("application/json;as=Table;v=v2;g=meta.k8s.io", None, false),
+            ("application/json;as=Table;v=v1", None, false),
+            ("application/json;as=table;v=v1;g=meta.k8s.io", None, false),
+            // A Table asked for through a wildcard is still JSON.
+            ("*/*;as=Table;v=v1;g=meta.k8s.io", Some(V1), true),
+            // Preference: weight, then specificity, then order.
+            ("*/*, application/json;as=Table;v=v1;g=meta.k8s.io", Some(V1), true),
+            ("application/json;q=0.5, application/json;as=Table;v=v1;g=meta.k8s.io", Some(V1), true),
+            ("application/json;as=Table;v=v1;g=meta.k8s.io;q=0.2, application/json;q=0.9", None, true),
+            ("application/json;as=Table;v=v1;g=meta.k8s.io;q=0, application/json", None, true),
+            ("application/json;q=0", None, false),
+            ("application/json; as=Table ; v=\"v1\" ; g=meta.k8s.io", Some(V1), true),
+            ("application/json;stream=watch", None, true),
+            ("application/json;stream=other", None, false),
+        ];
+        for &(header, version, json) in cases {
+            assert_eq!(table_version(header), version, "table_version({header:?})");
+            assert_eq!(accepts_json(header), json, "accepts_json({header:?})");
+        }
+    }
+
+    #[test]
+    fn include_object() {
+        let cases: &[(Option<&str>, Result<IncludeObject, Error>)] = &[
+            (None, Ok(IncludeObject::Metadata)),
+            (Some(""), Ok(IncludeObject::Metadata)),
+            (Some("Metadata"), Ok(IncludeObject::Metadata)),
+            (Some("Object"), Ok(IncludeObject::Object)),
+            (Some("None"), Ok(IncludeObject::None)),
+            (
+                Some("object"),
+                Err(Error::UnrecognizedIncludeObject("object".into())),
+            ),
+        ];
+        for (input, want) in cases {
+            assert_eq!(&IncludeObject::parse(*input), want, "{input:?}");
+        }
         assert_eq!(
-            table_version("application/json;as=Table;v=v1beta1;g=meta.k8s.io"),
-            Some(TableVersion::V1Beta1)
+            Error::UnrecognizedIncludeObject("Bogus".into()).to_string(),
+            "unrecognized includeObject value: \"Bogus\""
         );
-        assert_eq!(table_version("application/json"), None);
-        assert_eq!(table_version(""), None);
-        assert_eq!(table_version("*/*"), None);
-        assert!(accepts_json(KUBECTL));
-        assert!(accepts_json(""));
-        assert!(accepts_json("*/*"));
-        assert!(accepts_json(
-            "application/vnd.kubernetes.protobuf, application/json"
-        ));
-        assert!(!accepts_json("application/vnd.kubernetes.protobuf"));
-        assert!(!accepts_json(
-            "application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io"
-        ));
+        assert_eq!(IncludeObject::default(), IncludeObject::Metadata);
     }
 
     #[test]
     fn human_durations() {
-        let cases = [
+        const M: i64 = 60;
+        const H: i64 = 3600;
+        const D: i64 = 86_400;
+        const Y: i64 = 365 * D;
+        let cases: &[(i64, &str)] = &[
+            (-2, "<invalid>"),
+            (-1, "0s"),
             (0, "0s"),
-            (119, "119s"),
-            (120, "2m"),
-            (125, "2m5s"),
-            (600, "10m"),
-            (3 * 3600 - 1, "179m"),
-            (3 * 3600, "3h"),
-            (3 * 3600 + 120, "3h2m"),
-            (8 * 3600, "8h"),
-            (47 * 3600, "47h"),
-            (48 * 3600, "2d"),
-            (50 * 3600, "2d2h"),
-            (8 * 86400, "8d"),
-            (2 * 365 * 86400, "2y"),
-            (2 * 365 * 86400 + 86400, "2y1d"),
-            (9 * 365 * 86400, "9y"),
-            (-5, "<invalid>"),
+            (59, "59s"),
+            (2 * M - 1, "119s"),
+            (2 * M, "2m"),
+            (2 * M + 5, "2m5s"),
+            (10 * M - 1, "9m59s"),
+            (10 * M, "10m"),
+            (10 * M + 59, "10m"),
+            (3 * H - 1, "179m"),
+            (3 * H, "3h"),
+            (3 * H + 2 * M + 30, "3h2m"),
+            (8 * H - 1, "7h59m"),
+            (8 * H, "8h"),
+            (48 * H - 1, "47h"),
+            (48 * H, "2d"),
+            (50 * H, "2d2h"),
+            (8 * D - 1, "7d23h"),
+            (8 * D, "8d"),
+            (2 * Y - 1, "729d"),
+            (2 * Y, "2y"),
+            (2 * Y + D, "2y1d"),
+            (8 * Y - 1, "7y364d"),
+            (8 * Y, "8y"),
+            (9 * Y + 100 * D, "9y"),
         ];
-        for (secs, want) in cases {
-            assert_eq!(human_duration(secs), want, "{secs}");
+        for &(secs, want) in cases {
+            assert_eq!(human_duration(secs), want, "{secs}s");
         }
     }
 
     #[test]
     fn timestamps() {
-        assert_eq!(parse_time("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(parse_time("2000-03-01T00:00:01Z"), Some(951_868_801));
-        assert_eq!(parse_time("garbage"), None);
+        let cases: &[(&str, Option<i64>)] = &[
+            ("1970-01-01T00:00:00Z", Some(0)),
+            ("2000-03-01T00:00:01Z", Some(951_868_801)),
+            ("2021-01-13T13:18:24Z", Some(1_610_543_904)),
+            ("2021-01-13T13:18:24.123456Z", Some(1_610_543_904)),
+            ("2021-01-13T15:18:24+02:00", Some(1_610_543_904)),
+            ("2021-01-13T08:48:24-04:30", Some(1_610_543_904)),
+            ("2024-02-29T00:00:00Z", Some(1_709_164_800)),
+            ("0001-01-01T00:00:00Z", Some(ZERO_TIME)),
+            ("2023-02-29T00:00:00Z", None),
+            ("2021-13-01T00:00:00Z", None),
+            ("2021-01-13T24:00:00Z", None),
+            ("2021-01-13 13:18:24Z", None),
+            ("2021-01-13T13:18:24", None),
+            ("2021-01-13T13:18:24.Z", None),
+            ("2021-01-13T13:18:24+0200", None),
+            ("2021-01-13T13:18:24Zjunk", None),
+            ("+021-01-13T13:18:24Z", None),
+            ("2021-01-13T13:18:2éZ", None),
+            ("garbage", None),
+            ("", None),
+        ];
+        for &(s, want) in cases {
+            assert_eq!(parse_rfc3339(s), want, "{s:?}");
+        }
+        for s in [
+            "0001-01-01T00:00:00Z",
+            "1969-12-31T23:59:59Z",
+            "1970-01-01T00:00:00Z",
+            "2021-01-13T13:18:24Z",
+            "2024-02-29T23:59:59Z",
+            "9999-12-31T23:59:59Z",
+        ] {
+            let secs = parse_rfc3339(s).expect(s);
+            assert_eq!(format_rfc3339(secs), s);
+        }
+    }
+
+    const NOW: &str = "2021-01-20T12:00:00Z";
+    const CREATED: &str = "2021-01-20T11:55:30Z"; // 4m30s before NOW
+
+    fn now() -> i64 {
+        parse_rfc3339(NOW).expect("NOW parses")
+    }
+
+    fn meta(name: &str) -> Value {
+        json!({"name": name, "namespace": "default", "uid": "u-1", "resourceVersion": "7", "creationTimestamp": CREATED})
+    }
+
+    fn cells(group: &str, resource: &str, obj: &Value) -> Vec<Value> {
+        Printer::for_resource(group, resource).print(obj, now()).0
     }
 
     #[test]
-    fn resource_cells() {
-        let now = parse_time("2026-11-22T12:00:00Z").expect("time");
-        let created = "2026-11-22T11:59:00Z";
-        let secret = json!({"metadata": {"name": "s", "creationTimestamp": created}, "type": "Opaque", "data": {"a": "", "b": ""}});
-        assert_eq!(
-            cells("", "secrets", &secret, now),
-            vec![json!("s"), json!("Opaque"), json!(2), json!("60s")]
-        );
-        let cm = json!({"metadata": {"name": "c", "creationTimestamp": created}, "data": {"a": ""}, "binaryData": {"b": ""}});
-        assert_eq!(cells("", "configmaps", &cm, now)[1], json!(2));
-        let ns = json!({"metadata": {"name": "n", "creationTimestamp": created}, "status": {"phase": "Active"}});
-        assert_eq!(cells("", "namespaces", &ns, now)[1], json!("Active"));
-        let svc = json!({"metadata": {"name": "k"}, "spec": {"type": "NodePort", "clusterIP": "10.0.0.1", "ports": [{"port": 80, "nodePort": 30080, "protocol": "TCP"}], "selector": {"app": "x"}}});
-        let c = cells("", "services", &svc, now);
-        assert_eq!(
-            c[1..5],
-            [
-                json!("NodePort"),
-                json!("10.0.0.1"),
-                json!("<none>"),
-                json!("80:30080/TCP")
-            ]
-        );
-        assert_eq!(c[6], json!("app=x"));
-        let ep = json!({"metadata": {"name": "e"}, "subsets": [{"addresses": [{"ip": "1.1.1.1"}, {"ip": "2.2.2.2"}], "ports": [{"port": 80}, {"port": 443}]}]});
-        assert_eq!(
-            cells("", "endpoints", &ep, now)[1],
-            json!("1.1.1.1:80,1.1.1.1:443,2.2.2.2:80 + 1 more...")
-        );
-        let other = json!({"metadata": {"name": "d", "creationTimestamp": created}});
-        assert_eq!(
-            cells("apps", "deployments", &other, now),
-            vec![json!("d"), json!(created)]
-        );
+    fn simple_resource_cells() {
+        let cases: Vec<(&str, &str, Value, Value)> = vec![
+            (
+                "",
+                "secrets",
+                json!({"metadata": meta("db-creds"), "type": "Opaque", "data": {"user": "YQ==", "pass": "Yg=="}}),
+                json!(["db-creds", "Opaque", 2, "4m30s"]),
+            ),
+            (
+                "",
+                "secrets",
+                json!({"metadata": meta("tls"), "type": "kubernetes.io/tls"}),
+                json!(["tls", "kubernetes.io/tls", 0, "4m30s"]),
+            ),
+            (
+                "",
+                "configmaps",
+                json!({"metadata": meta("cfg"), "data": {"a": "1", "b": "2"}, "binaryData": {"c": "Aw=="}}),
+                json!(["cfg", 3, "4m30s"]),
+            ),
+            (
+                "",
+                "namespaces",
+                json!({"metadata": {"name": "kube-system", "creationTimestamp": "2020-12-01T12:00:00Z"}, "status": {"phase": "Active"}}),
+                json!(["kube-system", "Active", "50d"]),
+            ),
+            (
+                "",
+                "namespaces",
+                json!({"metadata": {"name": "old", "deletionTimestamp": NOW}, "status": {"phase": "Terminating"}}),
+                json!(["old", "Terminating", "<unknown>"]),
+            ),
+            // Everything else: the API server's default Name / Created At.
+            (
+                "apps",
+                "deployments",
+                json!({"metadata": meta("web")}),
+                json!(["web", CREATED]),
+            ),
+            (
+                "example.com",
+                "widgets",
+                json!({"metadata": {"name": "w", "creationTimestamp": "2021-01-20T13:55:30+02:00"}}),
+                json!(["w", "2021-01-20T11:55:30Z"]),
+            ),
+            (
+                "",
+                "serviceaccounts",
+                json!({"metadata": {"name": "default"}}),
+                json!(["default", "0001-01-01T00:00:00Z"]),
+            ),
+        ];
+        for (group, resource, obj, want) in cases {
+            assert_eq!(
+                json!(cells(group, resource, &obj)),
+                want,
+                "{group}/{resource} {obj}"
+            );
+        }
+    }
+
+    #[test]
+    fn service_cells() {
+        let svc = |spec: Value, status: Value| json!({"metadata": meta("web"), "spec": spec, "status": status});
+        let cases: Vec<(Value, Value)> = vec![
+            (
+                svc(
+                    json!({"type": "ClusterIP", "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"], "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53}, {"name": "dns-tcp", "port": 53, "protocol": "TCP"}], "selector": {"k8s-app": "kube-dns", "app": "dns"}}),
+                    json!({"loadBalancer": {}}),
+                ),
+                json!([
+                    "web",
+                    "ClusterIP",
+                    "10.96.0.10",
+                    "<none>",
+                    "53/UDP,53/TCP",
+                    "4m30s",
+                    "app=dns,k8s-app=kube-dns"
+                ]),
+            ),
+            (
+                svc(
+                    json!({"type": "NodePort", "clusterIP": "10.0.0.1", "externalIPs": ["1.2.3.4", "5.6.7.8"], "ports": [{"port": 80, "nodePort": 30080, "protocol": "TCP"}]}),
+                    json!({}),
+                ),
+                json!([
+                    "web",
+                    "NodePort",
+                    "10.0.0.1",
+                    "1.2.3.4,5.6.7.8",
+                    "80:30080/TCP",
+                    "4m30s",
+                    "<none>"
+                ]),
+            ),
+            (
+                svc(
+                    json!({"type": "LoadBalancer", "clusterIP": "10.0.0.2", "ports": [{"port": 443, "nodePort": 31443, "protocol": "TCP"}], "selector": {"app": "web"}}),
+                    json!({"loadBalancer": {}}),
+                ),
+                json!([
+                    "web",
+                    "LoadBalancer",
+                    "10.0.0.2",
+                    "<pending>",
+                    "443:31443/TCP",
+                    "4m30s",
+                    "app=web"
+                ]),
+            ),
+            (
+                svc(
+                    json!({"type": "LoadBalancer", "clusterIP": "10.0.0.3", "externalIPs": ["9.9.9.9"], "ports": [{"port": 443, "nodePort": 31443, "protocol": "TCP"}]}),
+                    json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.9"}, {"hostname": "lb.example.com"}, {"ip": "203.0.113.1"}, {"ip": "203.0.113.9"}]}}),
+                ),
+                json!([
+                    "web",
+                    "LoadBalancer",
+                    "10.0.0.3",
+                    "203.0.113.1,203.0.113.9,lb.example.com,9.9.9.9",
+                    "443:31443/TCP",
+                    "4m30s",
+                    "<none>"
+                ]),
+            ),
+            (
+                svc(
+                    json!({"type": "ExternalName", "externalName": "db.example.com"}),
+                    json!({}),
+                ),
+                json!([
+                    "web",
+                    "ExternalName",
+                    "<none>",
+                    "db.example.com",
+                    "<none>",
+                    "4m30s",
+                    "<none>"
+                ]),
+            ),
+            (
+                svc(
+                    json!({"type": "ClusterIP", "clusterIP": "None", "clusterIPs": ["None"], "selector": {"app": "db"}}),
+                    json!({}),
+                ),
+                json!([
+                    "web",
+                    "ClusterIP",
+                    "None",
+                    "<none>",
+                    "<none>",
+                    "4m30s",
+                    "app=db"
+                ]),
+            ),
+            (
+                svc(
+                    json!({"type": "ClusterIP", "clusterIP": "10.0.0.4", "clusterIPs": ["fd00::4", "10.0.0.4"], "ports": [{"port": 80, "protocol": "TCP"}]}),
+                    json!({}),
+                ),
+                json!([
+                    "web",
+                    "ClusterIP",
+                    "fd00::4",
+                    "<none>",
+                    "80/TCP",
+                    "4m30s",
+                    "<none>"
+                ]),
+            ),
+            (
+                json!({"metadata": {"name": "odd"}, "spec": {}}),
+                json!([
+                    "odd",
+                    "",
+                    "<none>",
+                    "<unknown>",
+                    "<none>",
+                    "<unknown>",
+                    "<none>"
+                ]),
+            ),
+        ];
+        for (obj, want) in cases {
+            assert_eq!(json!(cells("", "services", &obj)), want, "{obj}");
+        }
+    }
+
+    #[test]
+    fn endpoints_cells() {
+        let ep = |subsets: Value| json!({"metadata": meta("web"), "subsets": subsets});
+        let cases: Vec<(Value, &str)> = vec![
+            (
+                ep(
+                    json!([{"addresses": [{"ip": "10.244.0.5", "targetRef": {"kind": "Pod", "name": "web-1"}}], "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}]),
+                ),
+                "10.244.0.5:8080",
+            ),
+            // Port-major: every address on the first port, then the next port.
+            (
+                ep(
+                    json!([{"addresses": [{"ip": "1.1.1.1"}, {"ip": "2.2.2.2"}], "ports": [{"port": 80}, {"port": 443}]}]),
+                ),
+                "1.1.1.1:80,2.2.2.2:80,1.1.1.1:443 + 1 more...",
+            ),
+            (
+                ep(json!([
+                    {"addresses": [{"ip": "1.1.1.1"}, {"ip": "2.2.2.2"}, {"ip": "3.3.3.3"}], "ports": [{"port": 80}]},
+                    {"addresses": [{"ip": "4.4.4.4"}, {"ip": "5.5.5.5"}], "ports": [{"port": 81}]},
+                ])),
+                "1.1.1.1:80,2.2.2.2:80,3.3.3.3:80 + 2 more...",
+            ),
+            (
+                ep(
+                    json!([{"addresses": [{"ip": "1.1.1.1"}, {"ip": "2.2.2.2"}, {"ip": "3.3.3.3"}], "ports": [{"port": 80}]}]),
+                ),
+                "1.1.1.1:80,2.2.2.2:80,3.3.3.3:80",
+            ),
+            // Headless without ports: bare IPs.
+            (
+                ep(json!([{"addresses": [{"ip": "10.0.0.1"}, {"ip": "10.0.0.2"}]}])),
+                "10.0.0.1,10.0.0.2",
+            ),
+            (
+                ep(json!([{"addresses": [{"ip": "fd00::1"}], "ports": [{"port": 53}]}])),
+                "[fd00::1]:53",
+            ),
+            // Only not-ready addresses: the printer shows nothing, not <none>.
+            (
+                ep(json!([{"notReadyAddresses": [{"ip": "10.0.0.9"}], "ports": [{"port": 80}]}])),
+                "",
+            ),
+            (ep(json!([])), "<none>"),
+            (json!({"metadata": meta("web")}), "<none>"),
+        ];
+        for (obj, want) in cases {
+            assert_eq!(
+                json!(cells("", "endpoints", &obj)),
+                json!(["web", want, "4m30s"]),
+                "{obj}"
+            );
+        }
+    }
+
+    fn running(name: &str, restarts: i64) -> Value {
+        json!({"name": name, "ready": true, "restartCount": restarts, "state": {"running": {"startedAt": CREATED}}})
+    }
+
+    fn waiting(name: &str, reason: &str, restarts: i64) -> Value {
+        json!({"name": name, "ready": false, "restartCount": restarts, "state": {"waiting": {"reason": reason}}})
+    }
+
+    fn terminated(name: &str, reason: &str, exit_code: i64, signal: i64) -> Value {
+        json!({"name": name, "ready": false, "restartCount": 0, "state": {"terminated": {"reason": reason, "exitCode": exit_code, "signal": signal}}})
+    }
+
+    fn pod(containers: usize, status: Value) -> Value {
+        let containers: Vec<Value> = (0..containers)
+            .map(|i| json!({"name": format!("c{i}"), "image": "nginx"}))
+            .collect();
+        json!({"metadata": meta("web-0"), "spec": {"containers": containers}, "status": status})
+    }
+
+    fn with_init(mut p: Value, init: usize) -> Value {
+        let init: Vec<Value> = (0..init)
+            .map(|i| json!({"name": format!("i{i}")}))
+            .collect();
+        p["spec"]["initContainers"] = json!(init);
+        p
     }
 
     #[test]
     fn pod_statuses() {
-        let cases = [
+        let ready = json!([{"type": "Ready", "status": "True"}]);
+        let unready = json!([{"type": "Ready", "status": "False"}]);
+        // (case, pod, READY, STATUS, RESTARTS)
+        let cases: Vec<(&str, Value, &str, &str, i64)> = vec![
             (
-                json!({"status": {"phase": "Running", "containerStatuses": [{"ready": true, "state": {"running": {}}}]}}),
+                "running",
+                pod(
+                    1,
+                    json!({"phase": "Running", "conditions": ready, "containerStatuses": [running("c0", 0)]}),
+                ),
+                "1/1",
                 "Running",
+                0,
             ),
             (
-                json!({"status": {"phase": "Pending", "containerStatuses": [{"state": {"waiting": {"reason": "ContainerCreating"}}}]}}),
+                "scheduling",
+                pod(1, json!({"phase": "Pending"})),
+                "0/1",
+                "Pending",
+                0,
+            ),
+            (
+                "creating",
+                pod(
+                    2,
+                    json!({"phase": "Pending", "containerStatuses": [waiting("c0", "ContainerCreating", 0), waiting("c1", "ContainerCreating", 0)]}),
+                ),
+                "0/2",
                 "ContainerCreating",
+                0,
             ),
             (
-                json!({"status": {"phase": "Running", "containerStatuses": [{"state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}}),
+                "crash loop",
+                pod(
+                    2,
+                    json!({"phase": "Running", "containerStatuses": [running("c0", 1), waiting("c1", "CrashLoopBackOff", 5)]}),
+                ),
+                "1/2",
                 "CrashLoopBackOff",
+                6,
             ),
             (
-                json!({"status": {"phase": "Succeeded", "containerStatuses": [{"state": {"terminated": {"reason": "Completed", "exitCode": 0}}}]}}),
+                "first container's reason wins",
+                pod(
+                    2,
+                    json!({"phase": "Pending", "containerStatuses": [waiting("c0", "ImagePullBackOff", 0), waiting("c1", "ErrImagePull", 0)]}),
+                ),
+                "0/2",
+                "ImagePullBackOff",
+                0,
+            ),
+            (
+                "completed",
+                pod(
+                    1,
+                    json!({"phase": "Succeeded", "containerStatuses": [terminated("c0", "Completed", 0, 0)]}),
+                ),
+                "0/1",
                 "Completed",
+                0,
             ),
             (
-                json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}, "status": {"phase": "Running"}}),
+                "error",
+                pod(
+                    1,
+                    json!({"phase": "Failed", "containerStatuses": [terminated("c0", "Error", 1, 0)]}),
+                ),
+                "0/1",
+                "Error",
+                0,
+            ),
+            (
+                "oom",
+                pod(
+                    1,
+                    json!({"phase": "Running", "containerStatuses": [terminated("c0", "OOMKilled", 137, 0)]}),
+                ),
+                "0/1",
+                "OOMKilled",
+                0,
+            ),
+            (
+                "signal",
+                pod(
+                    1,
+                    json!({"phase": "Running", "containerStatuses": [terminated("c0", "", 0, 9)]}),
+                ),
+                "0/1",
+                "Signal:9",
+                0,
+            ),
+            (
+                "exit code",
+                pod(
+                    1,
+                    json!({"phase": "Running", "containerStatuses": [terminated("c0", "", 2, 0)]}),
+                ),
+                "0/1",
+                "ExitCode:2",
+                0,
+            ),
+            (
+                "sidecar done, pod ready",
+                pod(
+                    2,
+                    json!({"phase": "Running", "conditions": ready, "containerStatuses": [running("c0", 0), terminated("c1", "Completed", 0, 0)]}),
+                ),
+                "1/2",
+                "Running",
+                0,
+            ),
+            (
+                "sidecar done, pod not ready",
+                pod(
+                    2,
+                    json!({"phase": "Running", "conditions": unready, "containerStatuses": [running("c0", 0), terminated("c1", "Completed", 0, 0)]}),
+                ),
+                "1/2",
+                "NotReady",
+                0,
+            ),
+            (
+                "evicted",
+                pod(
+                    1,
+                    json!({"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}),
+                ),
+                "0/1",
+                "Evicted",
+                0,
+            ),
+            (
+                "terminating",
+                {
+                    let mut p = pod(
+                        1,
+                        json!({"phase": "Running", "conditions": ready, "containerStatuses": [running("c0", 2)]}),
+                    );
+                    p["metadata"]["deletionTimestamp"] = json!(NOW);
+                    p
+                },
+                "1/1",
                 "Terminating",
+                2,
             ),
             (
-                json!({"spec": {"initContainers": [{}]}, "status": {"phase": "Pending", "initContainerStatuses": [{"state": {"running": {}}}]}}),
-                "Init:0/1",
+                "node lost",
+                {
+                    let mut p = pod(
+                        1,
+                        json!({"phase": "Running", "reason": "NodeLost", "containerStatuses": [running("c0", 0)]}),
+                    );
+                    p["metadata"]["deletionTimestamp"] = json!(NOW);
+                    p
+                },
+                "1/1",
+                "Unknown",
+                0,
             ),
-            (json!({"status": {"phase": "Pending"}}), "Pending"),
+            (
+                "init running",
+                with_init(
+                    pod(
+                        1,
+                        json!({"phase": "Pending", "initContainerStatuses": [{"name": "i0", "restartCount": 0, "state": {"running": {}}}], "containerStatuses": [waiting("c0", "PodInitializing", 0)]}),
+                    ),
+                    1,
+                ),
+                "0/1",
+                "Init:0/1",
+                0,
+            ),
+            (
+                "init waiting to initialize",
+                with_init(
+                    pod(
+                        1,
+                        json!({"phase": "Pending", "initContainerStatuses": [
+                            {"name": "i0", "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+                            {"name": "i1", "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}},
+                        ]}),
+                    ),
+                    2,
+                ),
+                "0/1",
+                "Init:1/2",
+                0,
+            ),
+            (
+                "init crash loop",
+                with_init(
+                    pod(
+                        1,
+                        json!({"phase": "Pending", "initContainerStatuses": [{"name": "i0", "restartCount": 3, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}], "containerStatuses": [waiting("c0", "PodInitializing", 0)]}),
+                    ),
+                    1,
+                ),
+                "0/1",
+                "Init:CrashLoopBackOff",
+                3,
+            ),
+            (
+                "init failed",
+                with_init(
+                    pod(
+                        1,
+                        json!({"phase": "Pending", "initContainerStatuses": [{"name": "i0", "restartCount": 1, "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}),
+                    ),
+                    1,
+                ),
+                "0/1",
+                "Init:Error",
+                1,
+            ),
+            (
+                "init exit code",
+                with_init(
+                    pod(
+                        1,
+                        json!({"phase": "Pending", "initContainerStatuses": [{"name": "i0", "restartCount": 0, "state": {"terminated": {"exitCode": 3}}}]}),
+                    ),
+                    1,
+                ),
+                "0/1",
+                "Init:ExitCode:3",
+                0,
+            ),
+            (
+                "init signal",
+                with_init(
+                    pod(
+                        1,
+                        json!({"phase": "Pending", "initContainerStatuses": [{"name": "i0", "restartCount": 0, "state": {"terminated": {"exitCode": 137, "signal": 9}}}]}),
+                    ),
+                    1,
+                ),
+                "0/1",
+                "Init:Signal:9",
+                0,
+            ),
+            (
+                "initialized: init restarts no longer count",
+                with_init(
+                    pod(
+                        1,
+                        json!({"phase": "Running", "conditions": ready, "initContainerStatuses": [{"name": "i0", "restartCount": 4, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}], "containerStatuses": [running("c0", 1)]}),
+                    ),
+                    1,
+                ),
+                "1/1",
+                "Running",
+                1,
+            ),
+            (
+                "not ready yet",
+                pod(
+                    1,
+                    json!({"phase": "Running", "conditions": unready, "containerStatuses": [{"name": "c0", "ready": false, "restartCount": 0, "state": {"running": {}}}]}),
+                ),
+                "0/1",
+                "Running",
+                0,
+            ),
+            ("empty", json!({}), "0/0", "", 0),
         ];
-        for (pod, want) in cases {
-            assert_eq!(pod_status(&pod), want, "{pod}");
+        for (case, p, ready, status, restarts) in cases {
+            let cells = cells("", "pods", &p);
+            assert_eq!(cells[1], json!(ready), "{case}: READY");
+            assert_eq!(cells[2], json!(status), "{case}: STATUS");
+            assert_eq!(cells[3], json!(restarts), "{case}: RESTARTS");
+        }
+    }
+
+    #[test]
+    fn pod_cells() {
+        let full = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta("coredns-74ff55c5b-x2k8q"),
+            "spec": {
+                "containers": [{"name": "coredns", "image": "k8s.gcr.io/coredns:1.7.0"}],
+                "nodeName": "kind-control-plane",
+                "readinessGates": [{"conditionType": "example.com/lb"}, {"conditionType": "example.com/dns"}],
+            },
+            "status": {
+                "phase": "Running",
+                "podIP": "10.244.0.3",
+                "podIPs": [{"ip": "10.244.0.3"}, {"ip": "fd00::3"}],
+                "nominatedNodeName": "kind-worker",
+                "conditions": [
+                    {"type": "Ready", "status": "True"},
+                    {"type": "example.com/lb", "status": "True"},
+                    {"type": "example.com/dns", "status": "False"},
+                    {"type": "example.com/lb", "status": "False"},
+                ],
+                "containerStatuses": [running("coredns", 1)],
+            },
+        });
+        let bare = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Pending", "podIP": ""}});
+        let legacy_ip = json!({"metadata": {"name": "p"}, "status": {"podIP": "10.1.1.1"}});
+        let cases: Vec<(Value, Value)> = vec![
+            (
+                full,
+                json!([
+                    "coredns-74ff55c5b-x2k8q",
+                    "1/1",
+                    "Running",
+                    1,
+                    "4m30s",
+                    "10.244.0.3",
+                    "kind-control-plane",
+                    "kind-worker",
+                    "1/2"
+                ]),
+            ),
+            (
+                bare,
+                json!([
+                    "p",
+                    "0/1",
+                    "Pending",
+                    0,
+                    "<unknown>",
+                    "<none>",
+                    "<none>",
+                    "<none>",
+                    "<none>"
+                ]),
+            ),
+            (
+                legacy_ip,
+                json!([
+                    "p",
+                    "0/0",
+                    "",
+                    0,
+                    "<unknown>",
+                    "10.1.1.1",
+                    "<none>",
+                    "<none>",
+                    "<none>"
+                ]),
+            ),
+        ];
+        for (obj, want) in cases {
+            assert_eq!(json!(cells("", "pods", &obj)), want, "{obj}");
+        }
+    }
+
+    #[test]
+    fn columns() {
+        /// (name, type, priority)
+        type Col = (&'static str, &'static str, i64);
+        let cases: &[(&str, &str, &[Col])] = &[
+            (
+                "",
+                "secrets",
+                &[
+                    ("Name", "string", 0),
+                    ("Type", "string", 0),
+                    ("Data", "string", 0),
+                    ("Age", "string", 0),
+                ],
+            ),
+            (
+                "",
+                "configmaps",
+                &[
+                    ("Name", "string", 0),
+                    ("Data", "string", 0),
+                    ("Age", "string", 0),
+                ],
+            ),
+            (
+                "",
+                "namespaces",
+                &[
+                    ("Name", "string", 0),
+                    ("Status", "string", 0),
+                    ("Age", "string", 0),
+                ],
+            ),
+            (
+                "",
+                "services",
+                &[
+                    ("Name", "string", 0),
+                    ("Type", "string", 0),
+                    ("Cluster-IP", "string", 0),
+                    ("External-IP", "string", 0),
+                    ("Port(s)", "string", 0),
+                    ("Age", "string", 0),
+                    ("Selector", "string", 1),
+                ],
+            ),
+            (
+                "",
+                "endpoints",
+                &[
+                    ("Name", "string", 0),
+                    ("Endpoints", "string", 0),
+                    ("Age", "string", 0),
+                ],
+            ),
+            (
+                "",
+                "pods",
+                &[
+                    ("Name", "string", 0),
+                    ("Ready", "string", 0),
+                    ("Status", "string", 0),
+                    ("Restarts", "integer", 0),
+                    ("Age", "string", 0),
+                    ("IP", "string", 1),
+                    ("Node", "string", 1),
+                    ("Nominated Node", "string", 1),
+                    ("Readiness Gates", "string", 1),
+                ],
+            ),
+            (
+                "apps",
+                "deployments",
+                &[("Name", "string", 0), ("Created At", "date", 0)],
+            ),
+            // Same plural in another group is not the core printer.
+            (
+                "example.com",
+                "pods",
+                &[("Name", "string", 0), ("Created At", "date", 0)],
+            ),
+        ];
+        for &(group, resource, want) in cases {
+            let printer = Printer::for_resource(group, resource);
+            let defs = printer.column_definitions();
+            let defs = defs.as_array().expect("array");
+            let got: Vec<(&str, &str, i64)> = defs
+                .iter()
+                .map(|d| {
+                    (
+                        d["name"].as_str().unwrap_or_default(),
+                        d["type"].as_str().unwrap_or_default(),
+                        d["priority"].as_i64().unwrap_or(-1),
+                    )
+                })
+                .collect();
+            assert_eq!(got, want, "{group}/{resource}");
+            for (i, d) in defs.iter().enumerate() {
+                let format = if i == 0 { "name" } else { "" };
+                assert_eq!(d["format"], format, "{group}/{resource} {}", d["name"]);
+                assert!(
+                    !d["description"].as_str().unwrap_or_default().is_empty(),
+                    "{group}/{resource} {} has a description",
+                    d["name"]
+                );
+            }
+            // Every row fills every column.
+            let obj = json!({"metadata": meta("x")});
+            assert_eq!(
+                printer.print(&obj, now()).0.len(),
+                defs.len(),
+                "{group}/{resource}"
+            );
         }
     }
 
     #[test]
     fn table_shape() {
-        let o = json!({"metadata": {"name": "s", "uid": "u"}, "type": "Opaque"});
+        let secret =
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": meta("s"), "type": "Opaque"});
+        let list_meta = json!({"resourceVersion": "42", "continue": "tok"});
+        let cases: &[(TableVersion, IncludeObject, Option<Value>)] = &[
+            (
+                TableVersion::V1,
+                IncludeObject::Metadata,
+                Some(
+                    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta("s")}),
+                ),
+            ),
+            (
+                TableVersion::V1Beta1,
+                IncludeObject::Metadata,
+                Some(
+                    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1beta1", "metadata": meta("s")}),
+                ),
+            ),
+            (
+                TableVersion::V1,
+                IncludeObject::Object,
+                Some(secret.clone()),
+            ),
+            (TableVersion::V1, IncludeObject::None, None),
+        ];
+        for (version, include, object) in cases {
+            let t = to_table(
+                *version,
+                "",
+                "secrets",
+                &[&secret],
+                list_meta.clone(),
+                *include,
+                now(),
+            );
+            assert_eq!(t["kind"], "Table");
+            assert_eq!(t["apiVersion"], version.api_version());
+            assert_eq!(t["metadata"], list_meta);
+            assert_eq!(t["columnDefinitions"].as_array().map(Vec::len), Some(4));
+            assert_eq!(t["rows"][0]["cells"], json!(["s", "Opaque", 0, "4m30s"]));
+            assert_eq!(
+                t["rows"][0].get("object"),
+                object.as_ref(),
+                "{version:?} {include:?}"
+            );
+            assert!(t["rows"][0].get("conditions").is_none());
+        }
+
+        // An empty list is still a Table with its columns.
         let t = to_table(
             TableVersion::V1,
             "",
-            "secrets",
-            &[&o],
-            json!({"resourceVersion": "5"}),
+            "pods",
+            &[],
+            json!({"resourceVersion": "1"}),
             IncludeObject::Metadata,
-            0,
+            now(),
         );
-        assert_eq!(t["kind"], "Table");
-        assert_eq!(t["apiVersion"], "meta.k8s.io/v1");
-        assert_eq!(t["metadata"]["resourceVersion"], "5");
-        assert_eq!(t["columnDefinitions"][0]["format"], "name");
-        assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
-        assert_eq!(t["rows"][0]["object"]["metadata"]["uid"], "u");
+        assert_eq!(t["rows"], json!([]));
+        assert_eq!(t["columnDefinitions"].as_array().map(Vec::len), Some(9));
         let t = to_table(
-            TableVersion::V1Beta1,
+            TableVersion::V1,
             "",
-            "secrets",
-            &[&o],
+            "pods",
+            &[],
+            Value::Null,
+            IncludeObject::None,
+            now(),
+        );
+        assert_eq!(t["metadata"], json!({}));
+
+        // Finished pods carry the printer's row conditions.
+        let done = pod(
+            1,
+            json!({"phase": "Succeeded", "containerStatuses": [terminated("c0", "Completed", 0, 0)]}),
+        );
+        let failed = pod(1, json!({"phase": "Failed"}));
+        let t = to_table(
+            TableVersion::V1,
+            "",
+            "pods",
+            &[&done, &failed],
             json!({}),
             IncludeObject::None,
-            0,
+            now(),
         );
-        assert!(t["rows"][0].get("object").is_none());
         assert_eq!(
-            IncludeObject::parse(Some("Bogus")),
-            Err(Error::InvalidIncludeObject("Bogus".into()))
+            t["rows"][0]["conditions"],
+            json!([{"type": "Completed", "status": "True", "reason": "Succeeded", "message": "The pod has completed successfully."}])
         );
+        assert_eq!(t["rows"][1]["conditions"][0]["reason"], "Failed");
+        assert_eq!(t["rows"][1]["conditions"][0]["message"], "The pod failed.");
     }
 }

@@ -99,6 +99,7 @@ impl Kcache {
     pub async fn metric(&self, name: &str) -> f64 {
         let text = super::insecure_http()
             .get(format!("{}/metrics", self.url))
+            .bearer_auth(super::ADMIN_TOKEN)
             .send()
             .await
             .expect("GET /metrics")
@@ -111,6 +112,7 @@ impl Kcache {
     pub async fn debug_keys(&self) -> serde_json::Value {
         super::insecure_http()
             .get(format!("{}/debug/keys", self.url))
+            .bearer_auth(super::ADMIN_TOKEN)
             .send()
             .await
             .expect("GET /debug/keys")

@@ -1,0 +1,272 @@
+//! Delegated authorization: every cache-served request is checked with a
+//! SubjectAccessReview against the upstream, with the request's attributes as the API
+//! server's request-info derives them, as aggregated API servers do. Decisions are cached
+//! briefly (separate allow and deny TTLs, bounded).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authorization::v1::{
+    NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use thiserror::Error;
+
+use crate::auth::UserInfo;
+use crate::status::ApiError;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("SubjectAccessReview request failed: {0}")]
+    ReviewFailed(#[source] kube::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What is being done, as the API server's `RequestInfo` describes it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Attributes {
+    Resource {
+        verb: String,
+        group: String,
+        version: String,
+        resource: String,
+        subresource: String,
+        namespace: String,
+        /// For list/watch with `fieldSelector=metadata.name=X`, X: what lets the Node
+        /// authorizer allow a kubelet to watch exactly the Secrets its pods mount.
+        name: String,
+    },
+    NonResource {
+        verb: String,
+        path: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    pub reason: String,
+}
+
+type CacheKey = (String, Vec<String>, String, Attributes);
+
+pub struct Authorizer {
+    client: kube::Client,
+    allow_ttl: Duration,
+    deny_ttl: Duration,
+    capacity: usize,
+    // A std lock, never held across an await.
+    cache: Mutex<HashMap<CacheKey, (Decision, Instant)>>,
+}
+
+impl Authorizer {
+    pub fn new(
+        client: kube::Client,
+        allow_ttl: Duration,
+        deny_ttl: Duration,
+        capacity: usize,
+    ) -> Self {
+        Authorizer {
+            client,
+            allow_ttl,
+            deny_ttl,
+            capacity: capacity.max(1),
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub async fn authorize(&self, user: &UserInfo, attrs: &Attributes) -> Result<Decision> {
+        let key: CacheKey = (
+            user.username.clone(),
+            user.groups.clone(),
+            user.uid.clone(),
+            attrs.clone(),
+        );
+        if let Some(d) = self.cached(&key) {
+            return Ok(d);
+        }
+        let decision = self.review(user, attrs).await?;
+        self.remember(key, decision.clone());
+        Ok(decision)
+    }
+
+    fn cached(&self, key: &CacheKey) -> Option<Decision> {
+        let cache = self.cache.lock().ok()?;
+        let (d, at) = cache.get(key)?;
+        let ttl = if d.allowed {
+            self.allow_ttl
+        } else {
+            self.deny_ttl
+        };
+        (at.elapsed() < ttl).then(|| d.clone())
+    }
+
+    fn remember(&self, key: CacheKey, d: Decision) {
+        let Ok(mut cache) = self.cache.lock() else {
+            return;
+        };
+        if cache.len() >= self.capacity {
+            let (a, dn) = (self.allow_ttl, self.deny_ttl);
+            cache.retain(|_, (d, at)| at.elapsed() < if d.allowed { a } else { dn });
+            if cache.len() >= self.capacity {
+                cache.clear();
+            }
+        }
+        cache.insert(key, (d, Instant::now()));
+    }
+
+    async fn review(&self, user: &UserInfo, attrs: &Attributes) -> Result<Decision> {
+        let (resource_attributes, non_resource_attributes) = match attrs.clone() {
+            Attributes::Resource {
+                verb,
+                group,
+                version,
+                resource,
+                subresource,
+                namespace,
+                name,
+            } => (
+                Some(ResourceAttributes {
+                    verb: Some(verb),
+                    group: Some(group),
+                    version: Some(version),
+                    resource: Some(resource),
+                    subresource: Some(subresource).filter(|s| !s.is_empty()),
+                    namespace: Some(namespace).filter(|s| !s.is_empty()),
+                    name: Some(name).filter(|s| !s.is_empty()),
+                    ..Default::default()
+                }),
+                None,
+            ),
+            Attributes::NonResource { verb, path } => (
+                None,
+                Some(NonResourceAttributes {
+                    verb: Some(verb),
+                    path: Some(path),
+                }),
+            ),
+        };
+        let sar = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(user.username.clone()),
+                groups: Some(user.groups.clone()),
+                uid: Some(user.uid.clone()).filter(|u| !u.is_empty()),
+                extra: Some(user.extra.clone()).filter(|e: &BTreeMap<_, _>| !e.is_empty()),
+                resource_attributes,
+                non_resource_attributes,
+            },
+            ..Default::default()
+        };
+        let api: kube::Api<SubjectAccessReview> = kube::Api::all(self.client.clone());
+        let out = api
+            .create(&Default::default(), &sar)
+            .await
+            .map_err(Error::ReviewFailed)?;
+        let status = out.status.unwrap_or_default();
+        Ok(Decision {
+            allowed: status.allowed && status.denied != Some(true),
+            reason: status.reason.unwrap_or_default(),
+        })
+    }
+}
+
+/// The API server's 403 for a denied request (`responsewriters.ForbiddenStatus`).
+pub fn forbidden(user: &UserInfo, attrs: &Attributes, reason: &str) -> ApiError {
+    let mut msg = match attrs {
+        Attributes::Resource {
+            verb,
+            group,
+            resource,
+            subresource,
+            namespace,
+            name,
+            ..
+        } => {
+            let full = if subresource.is_empty() {
+                resource.clone()
+            } else {
+                format!("{resource}/{subresource}")
+            };
+            let subject = if name.is_empty() {
+                full.clone()
+            } else {
+                format!("{full} \"{name}\"")
+            };
+            let scope = if namespace.is_empty() {
+                "at the cluster scope".to_string()
+            } else {
+                format!("in the namespace \"{namespace}\"")
+            };
+            format!(
+                "{subject} is forbidden: User \"{}\" cannot {verb} resource \"{full}\" in API group \"{group}\" {scope}",
+                user.username
+            )
+        }
+        Attributes::NonResource { verb, path } => format!(
+            "forbidden: User \"{}\" cannot {verb} path \"{path}\"",
+            user.username
+        ),
+    };
+    if !reason.is_empty() {
+        msg.push_str(": ");
+        msg.push_str(reason);
+    }
+    let mut e = ApiError::new(403, "Forbidden", msg);
+    if let Attributes::Resource {
+        group,
+        resource,
+        name,
+        ..
+    } = attrs
+    {
+        let mut details = serde_json::json!({"group": group, "kind": resource});
+        if !name.is_empty() {
+            details["name"] = serde_json::json!(name);
+        }
+        e.details = Some(details);
+    }
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user() -> UserInfo {
+        UserInfo {
+            username: "viewer".into(),
+            uid: String::new(),
+            groups: vec![],
+            extra: BTreeMap::new(),
+        }
+    }
+
+    fn res(verb: &str, ns: &str, name: &str) -> Attributes {
+        Attributes::Resource {
+            verb: verb.into(),
+            group: String::new(),
+            version: "v1".into(),
+            resource: "secrets".into(),
+            subresource: String::new(),
+            namespace: ns.into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn forbidden_messages_match_the_api_server() {
+        let cases = [
+            (res("list", "default", ""), "", "secrets is forbidden: User \"viewer\" cannot list resource \"secrets\" in API group \"\" in the namespace \"default\""),
+            (res("get", "default", "s1"), "", "secrets \"s1\" is forbidden: User \"viewer\" cannot get resource \"secrets\" in API group \"\" in the namespace \"default\""),
+            (res("watch", "", ""), "", "secrets is forbidden: User \"viewer\" cannot watch resource \"secrets\" in API group \"\" at the cluster scope"),
+            (res("get", "n", "s"), "no relationship found", "secrets \"s\" is forbidden: User \"viewer\" cannot get resource \"secrets\" in API group \"\" in the namespace \"n\": no relationship found"),
+            (Attributes::NonResource { verb: "get".into(), path: "/metrics".into() }, "", "forbidden: User \"viewer\" cannot get path \"/metrics\""),
+        ];
+        for (attrs, reason, want) in cases {
+            let e = forbidden(&user(), &attrs, reason);
+            assert_eq!(e.code, 403);
+            assert_eq!(e.message, want);
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! Authorization parity: the same requests with the same credentials, sent to the API
+//! server (`--authorization-mode=Node,RBAC`) and to kcache, get the same status codes,
+//! and kcache never shows an object the API server would not have shown.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use support::kcache::Kcache;
+use support::{eventually, insecure_http, TestCluster, ADMIN_TOKEN};
+
+async fn apply(cluster: &TestCluster, path: &str, body: Value) {
+    let resp = insecure_http()
+        .post(format!("{}{}", cluster.url, path))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .expect("create");
+    assert!(
+        resp.status().is_success(),
+        "create {path}: {}",
+        resp.text().await.unwrap_or_default()
+    );
+}
+
+/// Status code and the names of the objects a response shows (list items, a got object,
+/// or the objects of a watch that ends by its timeoutSeconds).
+async fn observe(base: &str, path: &str, token: Option<&str>) -> (u16, BTreeSet<String>) {
+    let mut req = insecure_http().get(format!("{base}{path}"));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await.expect("request");
+    let code = resp.status().as_u16();
+    let mut names = BTreeSet::new();
+    let mut body = Vec::new();
+    let mut stream = resp.bytes_stream();
+    let read = async {
+        while let Some(Ok(chunk)) = stream.next().await {
+            body.extend_from_slice(&chunk);
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(15), read).await;
+    let name_of = |o: &Value| {
+        o["metadata"]["name"].as_str().map(|n| {
+            format!(
+                "{}/{}",
+                o["metadata"]["namespace"].as_str().unwrap_or(""),
+                n
+            )
+        })
+    };
+    if path.contains("watch=1") {
+        for line in body.split(|b| *b == b'\n') {
+            if let Ok(ev) = serde_json::from_slice::<Value>(line) {
+                if ev["type"] != "BOOKMARK" && ev["type"] != "ERROR" {
+                    names.extend(name_of(&ev["object"]));
+                }
+            }
+        }
+    } else if let Ok(v) = serde_json::from_slice::<Value>(&body) {
+        match v["items"].as_array() {
+            Some(items) => names.extend(items.iter().filter_map(name_of)),
+            None if v["kind"] != "Status" => names.extend(name_of(&v)),
+            None => {}
+        }
+    }
+    (code, names)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kcache_answers_every_request_as_the_api_server_would() {
+    let cluster = TestCluster::start().await;
+    let k = Kcache::start(
+        &cluster,
+        "[auth]\nauthz_allow_ttl_secs = 2\nauthz_deny_ttl_secs = 2\n",
+    )
+    .await;
+    for ns in ["a", "b"] {
+        apply(
+            &cluster,
+            "/api/v1/namespaces",
+            json!({"metadata": {"name": ns}}),
+        )
+        .await;
+        apply(
+            &cluster,
+            &format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+            json!({"metadata": {"name": "default"}}),
+        )
+        .await;
+        apply(
+            &cluster,
+            &format!("/api/v1/namespaces/{ns}/configmaps"),
+            json!({"metadata": {"name": format!("cm-{ns}")}}),
+        )
+        .await;
+    }
+    for (ns, name) in [("a", "s1"), ("a", "s2"), ("b", "s3")] {
+        apply(
+            &cluster,
+            &format!("/api/v1/namespaces/{ns}/secrets"),
+            json!({"metadata": {"name": name}}),
+        )
+        .await;
+    }
+    // viewer may read configmaps in namespace a only.
+    apply(&cluster, "/apis/rbac.authorization.k8s.io/v1/namespaces/a/roles", json!({
+        "metadata": {"name": "cm-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}],
+    })).await;
+    apply(&cluster, "/apis/rbac.authorization.k8s.io/v1/namespaces/a/rolebindings", json!({
+        "metadata": {"name": "cm-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cm-reader"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "viewer"}],
+    })).await;
+    // node1 runs a pod that mounts secret s1: the Node authorizer lets it read s1 only.
+    apply(
+        &cluster,
+        "/api/v1/namespaces/a/pods",
+        json!({
+            "metadata": {"name": "p1"},
+            "spec": {
+                "nodeName": "node1",
+                "automountServiceAccountToken": false,
+                "containers": [{"name": "c", "image": "busybox"}],
+                "volumes": [{"name": "s", "secret": {"secretName": "s1"}}],
+            },
+        }),
+    )
+    .await;
+    eventually(
+        "the Node authorizer knows node1's pod",
+        Duration::from_secs(30),
+        || async {
+            observe(
+                &cluster.url,
+                "/api/v1/namespaces/a/secrets/s1",
+                Some("node1token"),
+            )
+            .await
+            .0 == 200
+        },
+    )
+    .await;
+
+    let requests = [
+        "/api/v1/namespaces/a/configmaps?resourceVersion=0",
+        "/api/v1/namespaces/b/configmaps?resourceVersion=0",
+        "/api/v1/configmaps?resourceVersion=0",
+        "/api/v1/namespaces/a/configmaps/cm-a?resourceVersion=0",
+        "/api/v1/namespaces/a/secrets?resourceVersion=0",
+        "/api/v1/secrets?resourceVersion=0",
+        "/api/v1/namespaces/a/secrets/s1?resourceVersion=0",
+        "/api/v1/namespaces/a/secrets/s2?resourceVersion=0",
+        "/api/v1/namespaces/a/secrets?resourceVersion=0&fieldSelector=metadata.name%3Ds1",
+        "/api/v1/namespaces/a/secrets?resourceVersion=0&fieldSelector=metadata.name%3Ds2",
+        "/api/v1/namespaces/a/secrets?resourceVersion=0&fieldSelector=metadata.name%3Ds1&fieldSelector=metadata.name%3Ds2",
+        "/api/v1/namespaces/a/secrets?watch=1&timeoutSeconds=2&resourceVersion=0&fieldSelector=metadata.name%3Ds1",
+        "/api/v1/namespaces/a/secrets?watch=1&timeoutSeconds=2&resourceVersion=0&fieldSelector=metadata.name%3Ds2",
+        "/api/v1/namespaces/a/secrets?watch=1&timeoutSeconds=2&fieldSelector=metadata.name%3Ds1&fieldSelector=metadata.name%3Ds2",
+        "/api/v1/namespaces/a/configmaps?watch=1&timeoutSeconds=2&resourceVersion=0",
+        "/api/v1/namespaces/a/pods?resourceVersion=0",
+        "/api/v1/pods?resourceVersion=0&fieldSelector=spec.nodeName%3Dnode1",
+        "/api/v1/namespaces?resourceVersion=0",
+        "/api/v1/namespaces/a?resourceVersion=0",
+        // Malformed but forbidden: the API server authorizes first.
+        "/api/v1/namespaces/b/secrets?resourceVersion=0&labelSelector=%3D%3D",
+    ];
+    let tokens = [
+        Some(ADMIN_TOKEN),
+        Some("viewertoken"),
+        Some("node1token"),
+        Some("bogus"),
+        None,
+    ];
+    let mut mismatches = Vec::new();
+    for path in requests {
+        for token in tokens {
+            let (want, upstream_names) = observe(&cluster.url, path, token).await;
+            let (got, names) = observe(&k.url, path, token).await;
+            if want != got {
+                mismatches.push(format!(
+                    "{path} as {token:?}: API server {want}, kcache {got}"
+                ));
+            }
+            let extra: Vec<_> = names.difference(&upstream_names).collect();
+            if !extra.is_empty() {
+                mismatches.push(format!(
+                    "{path} as {token:?}: kcache showed {extra:?} the API server did not"
+                ));
+            }
+        }
+    }
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+
+    // Removing the RoleBinding takes effect within the decision cache's TTL.
+    let path = "/api/v1/namespaces/a/configmaps?resourceVersion=0";
+    assert_eq!(observe(&k.url, path, Some("viewertoken")).await.0, 200);
+    let resp = insecure_http()
+        .delete(format!(
+            "{}/apis/rbac.authorization.k8s.io/v1/namespaces/a/rolebindings/cm-reader",
+            cluster.url
+        ))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("delete rolebinding");
+    assert!(resp.status().is_success());
+    eventually(
+        "the revoked user is refused",
+        Duration::from_secs(10),
+        || async { observe(&k.url, path, Some("viewertoken")).await.0 == 403 },
+    )
+    .await;
+}
