@@ -5,7 +5,6 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use serde_json::{json, Value};
 use support::kcache::Kcache;
 use support::{eventually, TestCluster};
@@ -37,7 +36,7 @@ impl Http {
     }
 
     /// Opens a watch and returns its status and a stream of parsed events.
-    async fn watch(&self, path: &str) -> (u16, tokio::sync::mpsc::Receiver<Value>) {
+    async fn watch(&self, path: &str) -> (u16, Events) {
         let resp = self
             .client
             .get(format!("{}{}", self.base, path))
@@ -45,28 +44,13 @@ impl Http {
             .send()
             .await
             .expect("watch request");
-        let code = resp.status().as_u16();
-        let (tx, rx) = tokio::sync::mpsc::channel(10_000);
-        tokio::spawn(async move {
-            let mut stream = resp.bytes_stream();
-            let mut buf = Vec::new();
-            while let Some(Ok(chunk)) = stream.next().await {
-                buf.extend_from_slice(&chunk);
-                while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-                    let line: Vec<u8> = buf.drain(..=pos).collect();
-                    if let Ok(v) = serde_json::from_slice::<Value>(&line) {
-                        if tx.send(v).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-        });
-        (code, rx)
+        (resp.status().as_u16(), support::event_channel(resp))
     }
 }
 
-async fn next_event(rx: &mut tokio::sync::mpsc::Receiver<Value>) -> Value {
+type Events = tokio::sync::mpsc::UnboundedReceiver<Value>;
+
+async fn next_event(rx: &mut Events) -> Value {
     tokio::time::timeout(Duration::from_secs(20), rx.recv())
         .await
         .expect("an event within 20 s")
@@ -75,15 +59,6 @@ async fn next_event(rx: &mut tokio::sync::mpsc::Receiver<Value>) -> Value {
 
 async fn admin(cluster: &TestCluster) -> kube::Client {
     cluster.kube_client().await
-}
-
-async fn create_ns(client: &kube::Client, ns: &str) {
-    use k8s_openapi::api::core::v1::Namespace;
-    let api: kube::Api<Namespace> = kube::Api::all(client.clone());
-    let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).expect("ns");
-    api.create(&Default::default(), &obj)
-        .await
-        .expect("create namespace");
 }
 
 async fn put_secret(client: &kube::Client, ns: &str, name: &str, value: &str) -> String {
@@ -181,7 +156,7 @@ async fn watch_resource_version_semantics() {
     let k = Kcache::start(&cluster, "[cache]\nwindow_capacity = 5\n").await;
     let http = Http::new(&k.url);
     let admin = admin(&cluster).await;
-    create_ns(&admin, "rv").await;
+    support::create_namespace(&admin, "rv").await;
     let rv0: u64 = put_secret(&admin, "rv", "s", "0")
         .await
         .parse()
@@ -318,7 +293,7 @@ async fn a_client_that_never_reads_is_closed_without_delaying_others() {
     let cluster = TestCluster::start().await;
     let k = Kcache::start(&cluster, "[cache]\nwatcher_buffer = 4\n").await;
     let admin = admin(&cluster).await;
-    create_ns(&admin, "slow").await;
+    support::create_namespace(&admin, "slow").await;
     put_secret(&admin, "slow", "big", "0").await;
     let base = format!(
         "{}/api/v1/namespaces/slow/secrets?watch=1&resourceVersion=0",

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use serde_json::{json, Value};
 use support::kcache::Kcache;
@@ -29,20 +28,11 @@ where
     api.create(&Default::default(), &obj).await.expect("create");
 }
 
-async fn namespace(client: &kube::Client, name: &str) {
-    use k8s_openapi::api::core::v1::Namespace;
-    let api: kube::Api<Namespace> = kube::Api::all(client.clone());
-    let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).expect("ns");
-    api.create(&Default::default(), &obj)
-        .await
-        .expect("namespace");
-}
-
-/// Reads a watch stream line by line, calling `f` for each event.
+/// Opens a watch and calls `f` for each event until the stream ends.
 fn spawn_watch(
     http: reqwest::Client,
     url: String,
-    mut f: impl FnMut(Value) + Send + 'static,
+    f: impl FnMut(Value) + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let resp = http
@@ -52,17 +42,7 @@ fn spawn_watch(
             .await
             .expect("watch");
         assert_eq!(resp.status().as_u16(), 200);
-        let mut stream = resp.bytes_stream();
-        let mut buf = Vec::new();
-        while let Some(Ok(chunk)) = stream.next().await {
-            buf.extend_from_slice(&chunk);
-            while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=pos).collect();
-                if let Ok(v) = serde_json::from_slice::<Value>(&line) {
-                    f(v);
-                }
-            }
-        }
+        support::for_each_event(resp, f).await;
     })
 }
 
@@ -75,7 +55,7 @@ async fn thousand_single_object_watches_share_one_upstream_watch_per_object() {
     )
     .await;
     let admin = cluster.kube_client().await;
-    namespace(&admin, "fan").await;
+    support::create_namespace(&admin, "fan").await;
     for i in 0..100 {
         create::<Secret>(
             &admin,
@@ -185,7 +165,7 @@ async fn node_pod_watch_sees_exactly_that_nodes_pods() {
     let admin = cluster.kube_client().await;
     let mut want = HashSet::new();
     for ns in ["na", "nb"] {
-        namespace(&admin, ns).await;
+        support::create_namespace(&admin, ns).await;
         // No controller-manager runs: the ServiceAccount admission plugin needs the
         // namespace's default service account to exist.
         create::<ServiceAccount>(&admin, Some(ns), json!({"metadata": {"name": "default"}})).await;

@@ -5,7 +5,6 @@ mod support;
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use serde_json::{json, Value};
 use support::kcache::Kcache;
@@ -13,17 +12,10 @@ use support::{eventually, insecure_http, TestCluster};
 
 const TOKEN: &str = "admintoken";
 
-async fn namespace(client: &kube::Client, name: &str) {
-    use k8s_openapi::api::core::v1::Namespace;
-    let api: kube::Api<Namespace> = kube::Api::all(client.clone());
-    let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).expect("ns");
-    api.create(&Default::default(), &obj)
-        .await
-        .expect("namespace");
-}
+type Events = tokio::sync::mpsc::UnboundedReceiver<Value>;
 
-/// Opens a watch and forwards parsed events into a channel.
-async fn watch(url: String) -> tokio::sync::mpsc::Receiver<Value> {
+/// Opens a watch; its events arrive on the returned channel.
+async fn watch(url: String) -> Events {
     let resp = insecure_http()
         .get(url)
         .bearer_auth(TOKEN)
@@ -31,24 +23,10 @@ async fn watch(url: String) -> tokio::sync::mpsc::Receiver<Value> {
         .await
         .expect("watch");
     assert_eq!(resp.status().as_u16(), 200);
-    let (tx, rx) = tokio::sync::mpsc::channel(1000);
-    tokio::spawn(async move {
-        let mut stream = resp.bytes_stream();
-        let mut buf = Vec::new();
-        while let Some(Ok(chunk)) = stream.next().await {
-            buf.extend_from_slice(&chunk);
-            while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=pos).collect();
-                if let Ok(v) = serde_json::from_slice::<Value>(&line) {
-                    let _ = tx.send(v).await;
-                }
-            }
-        }
-    });
-    rx
+    support::event_channel(resp)
 }
 
-async fn next(rx: &mut tokio::sync::mpsc::Receiver<Value>) -> Option<Value> {
+async fn next(rx: &mut Events) -> Option<Value> {
     tokio::time::timeout(Duration::from_secs(20), rx.recv())
         .await
         .expect("an event (or the end) within 20 s")
@@ -59,7 +37,7 @@ async fn immutable_secret_parks_its_upstream_watch_and_is_reverified() {
     let cluster = TestCluster::start().await;
     let k = Kcache::start(&cluster, "[cache]\nimmutable_verify_secs = 1\n").await;
     let admin = cluster.kube_client().await;
-    namespace(&admin, "imm").await;
+    support::create_namespace(&admin, "imm").await;
     let api: kube::Api<Secret> = kube::Api::namespaced(admin.clone(), "imm");
     let make = |v: &str| -> Secret {
         serde_json::from_value(
@@ -115,7 +93,7 @@ async fn sigterm_drains_watchers_with_a_last_bookmark_and_exits_cleanly() {
     let cluster = TestCluster::start().await;
     let mut k = Kcache::start(&cluster, "[server]\nshutdown_grace_secs = 2\n").await;
     let admin = cluster.kube_client().await;
-    namespace(&admin, "drain").await;
+    support::create_namespace(&admin, "drain").await;
     let mut rx = watch(format!(
         "{}/api/v1/namespaces/drain/secrets?watch=1&resourceVersion=0&allowWatchBookmarks=true",
         k.url

@@ -38,15 +38,6 @@ fn name_of(cm: &ConfigMap) -> String {
     cm.metadata.name.clone().unwrap_or_default()
 }
 
-async fn namespace(client: &kube::Client, name: &str) {
-    use k8s_openapi::api::core::v1::Namespace;
-    let api: kube::Api<Namespace> = kube::Api::all(client.clone());
-    let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).expect("ns");
-    api.create(&Default::default(), &obj)
-        .await
-        .expect("namespace");
-}
-
 /// Random create/update/delete on up to 30 ConfigMaps.
 async fn random_ops(api: &kube::Api<ConfigMap>, n: usize) {
     let mut rng = rand::rng();
@@ -105,7 +96,7 @@ async fn converges(cfg: watcher::Config, ns: &str, restart_apiserver: bool) {
     let mut cluster = TestCluster::start().await;
     let k = Kcache::start(&cluster, "").await;
     let admin = cluster.kube_client().await;
-    namespace(&admin, ns).await;
+    support::create_namespace(&admin, ns).await;
     let upstream: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), ns);
     random_ops(&upstream, 40).await;
 

@@ -291,3 +291,43 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Creates a namespace through the API server.
+pub async fn create_namespace(client: &kube::Client, name: &str) {
+    use k8s_openapi::api::core::v1::Namespace;
+    let api: kube::Api<Namespace> = kube::Api::all(client.clone());
+    let obj: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))
+        .expect("namespace object");
+    api.create(&Default::default(), &obj)
+        .await
+        .expect("create namespace");
+}
+
+/// Reads a watch response to its end, calling `f` with each JSON event line (blank
+/// keepalive lines are skipped).
+pub async fn for_each_event(resp: reqwest::Response, mut f: impl FnMut(serde_json::Value)) {
+    use futures::StreamExt;
+    let mut stream = resp.bytes_stream();
+    let mut buf = Vec::new();
+    while let Some(Ok(chunk)) = stream.next().await {
+        buf.extend_from_slice(&chunk);
+        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            if let Ok(v) = serde_json::from_slice(&line) {
+                f(v);
+            }
+        }
+    }
+}
+
+/// The events of a watch response on a channel, forwarded as they arrive; the channel
+/// closes when the stream ends.
+pub fn event_channel(
+    resp: reqwest::Response,
+) -> tokio::sync::mpsc::UnboundedReceiver<serde_json::Value> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(for_each_event(resp, move |v| {
+        let _ = tx.send(v);
+    }));
+    rx
+}
