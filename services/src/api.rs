@@ -57,8 +57,14 @@ pub async fn handle(
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
     // Only cache-served requests are kcache's to authorize: everything proxied carries the
-    // client's own credentials and the API server decides.
-    if req.method() == actix_web::http::Method::GET {
+    // client's own credentials and the API server decides. Impersonation (`kubectl --as`)
+    // is never ignored: such requests go upstream, which authorizes `impersonate` and
+    // applies it.
+    let impersonating = req
+        .headers()
+        .keys()
+        .any(|h| h.as_str().starts_with("impersonate-"));
+    if req.method() == actix_web::http::Method::GET && !impersonating {
         if let Some(rp) = parse_path(req.path()) {
             let resource = state
                 .resources

@@ -198,6 +198,29 @@ async fn kcache_answers_every_request_as_the_api_server_would() {
     }
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
 
+    // Impersonation is authorized and applied, never ignored: admin as viewer sees what
+    // viewer sees; viewer may not impersonate.
+    for (token, as_user) in [(ADMIN_TOKEN, "viewer"), ("viewertoken", "admin")] {
+        for path in [
+            "/api/v1/namespaces/a/secrets?resourceVersion=0",
+            "/api/v1/namespaces/a/configmaps?resourceVersion=0",
+        ] {
+            let get = |base: String| async move {
+                insecure_http()
+                    .get(format!("{base}{path}"))
+                    .bearer_auth(token)
+                    .header("Impersonate-User", as_user)
+                    .send()
+                    .await
+                    .expect("request")
+                    .status()
+                    .as_u16()
+            };
+            let (want, got) = (get(cluster.url.clone()).await, get(k.url.clone()).await);
+            assert_eq!(got, want, "{path} by {token} as {as_user}");
+        }
+    }
+
     // Removing the RoleBinding takes effect within the decision cache's TTL.
     let path = "/api/v1/namespaces/a/configmaps?resourceVersion=0";
     assert_eq!(observe(&k.url, path, Some("viewertoken")).await.0, 200);
