@@ -61,6 +61,8 @@ pub struct WatcherSpec {
     /// Write a bare newline when nothing was written for this long (see
     /// `CacheConfig::watch_keepalive_secs`).
     pub keepalive: Duration,
+    /// Held for the watch's lifetime (the HTTP layer's admission permit); dropped with it.
+    pub permit: Option<Box<dyn Send>>,
 }
 
 pub struct Watcher {

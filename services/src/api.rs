@@ -26,6 +26,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::auth::{self, Authenticator, UserInfo};
 use crate::authz::{self, Attributes, Authorizer};
 use crate::config::ServerConfig;
+use crate::limits::WatchLimits;
 use crate::proxy::Proxy;
 use crate::request::{parse_path, parse_query, Query, ResourcePath};
 use crate::status::ApiError;
@@ -40,6 +41,7 @@ pub struct ApiState {
     /// Requests without credentials are `system:anonymous` (else 401).
     pub anonymous: bool,
     pub proxy: Proxy,
+    pub watch_limits: WatchLimits,
     pub cache: CacheConfig,
     pub server: ServerConfig,
 }
@@ -79,7 +81,9 @@ pub async fn handle(
                 if let Some(e) = q.invalid.clone() {
                     return Err(e);
                 }
-                if let Served::Response(r) = serve_cached(&req, &state, &rp, &q, resource).await? {
+                if let Served::Response(r) =
+                    serve_cached(&req, &state, &rp, &q, &user, resource).await?
+                {
                     return Ok(r);
                 }
             }
@@ -156,6 +160,7 @@ async fn serve_cached(
     state: &ApiState,
     rp: &ResourcePath,
     q: &Query,
+    user: &UserInfo,
     resource: Arc<ResourceType>,
 ) -> Result<Served, ApiError> {
     let accept = req
@@ -182,7 +187,8 @@ async fn serve_cached(
     let key = route(&resource, namespace, rp.name.as_deref(), &field);
     let filter = Filter::new(label, field);
     if q.watch {
-        return watch(state, q, key, filter, table, include).map(Served::Response);
+        let permit = state.watch_limits.admit(&user.username)?;
+        return watch(state, q, key, filter, table, include, permit).map(Served::Response);
     }
     let plan = plan_list(q.rv()?, q.rv_match()?, q.limit, q.continue_token.is_some())
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -270,6 +276,7 @@ fn watch(
     filter: Filter,
     table: Option<TableVersion>,
     include: IncludeObject,
+    permit: crate::limits::WatchPermit,
 ) -> Result<HttpResponse, ApiError> {
     let plan = plan_watch(
         q.rv()?,
@@ -331,6 +338,7 @@ fn watch(
             registry,
             mailbox,
             keepalive,
+            permit: Some(Box::new(permit)),
         }));
     });
     Ok(HttpResponse::Ok()

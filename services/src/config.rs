@@ -55,6 +55,10 @@ pub struct ServerConfig {
     pub max_request_body_bytes: usize,
     /// HTTP worker threads (0: one per core).
     pub workers: usize,
+    /// Most watches open on this replica (0: no cap); past it, 429 with Retry-After.
+    pub max_watches: usize,
+    /// Most watches one user may hold open (0: no cap).
+    pub max_watches_per_user: usize,
 }
 
 impl Default for ServerConfig {
@@ -65,6 +69,8 @@ impl Default for ServerConfig {
             shutdown_grace_secs: 10,
             max_request_body_bytes: 3 * 1024 * 1024,
             workers: 0,
+            max_watches: 100_000,
+            max_watches_per_user: 20_000,
         }
     }
 }

@@ -123,6 +123,10 @@ pub async fn run(
             cfg.auth.authz_cache_size,
         ),
         anonymous: cfg.auth.anonymous,
+        watch_limits: crate::limits::WatchLimits::new(
+            cfg.server.max_watches,
+            cfg.server.max_watches_per_user,
+        ),
         proxy,
         cache: cfg.cache.clone(),
         server: cfg.server.clone(),

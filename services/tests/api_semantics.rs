@@ -341,3 +341,49 @@ async fn a_client_that_never_reads_is_closed_without_delaying_others() {
     let _ = body;
     drop(fast);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_past_the_per_user_cap_get_429_with_retry_after() {
+    let cluster = TestCluster::start().await;
+    let k = Kcache::start(
+        &cluster,
+        "[server]\nmax_watches_per_user = 2\n[cache]\nwatch_keepalive_secs = 1\n",
+    )
+    .await;
+    let http = Http::new(&k.url);
+    let path = "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=0";
+    let (c1, w1) = http.watch(path).await;
+    let (c2, _w2) = http.watch(path).await;
+    assert_eq!((c1, c2), (200, 200));
+    let resp = support::insecure_http()
+        .get(format!("{}{path}", k.url))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("third watch");
+    assert_eq!(resp.status().as_u16(), 429);
+    assert_eq!(
+        resp.headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let body: Value = resp.json().await.expect("status body");
+    assert_eq!(body["reason"], "TooManyRequests");
+    // Closing a watch frees its slot.
+    drop(w1);
+    eventually(
+        "a closed watch frees its slot",
+        Duration::from_secs(20),
+        || async {
+            support::insecure_http()
+                .get(format!("{}{path}&timeoutSeconds=1", k.url))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .map(|r| r.status().as_u16() == 200)
+                .unwrap_or(false)
+        },
+    )
+    .await;
+}

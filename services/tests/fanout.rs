@@ -32,7 +32,7 @@ where
 fn spawn_watch(
     http: reqwest::Client,
     url: String,
-    f: impl FnMut(Value) + Send + 'static,
+    mut f: impl FnMut(Value) + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let resp = http
@@ -42,7 +42,11 @@ fn spawn_watch(
             .await
             .expect("watch");
         assert_eq!(resp.status().as_u16(), 200);
-        support::for_each_event(resp, f).await;
+        support::for_each_event(resp, |v| {
+            f(v);
+            true
+        })
+        .await;
     })
 }
 

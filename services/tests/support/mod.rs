@@ -303,9 +303,9 @@ pub async fn create_namespace(client: &kube::Client, name: &str) {
         .expect("create namespace");
 }
 
-/// Reads a watch response to its end, calling `f` with each JSON event line (blank
-/// keepalive lines are skipped).
-pub async fn for_each_event(resp: reqwest::Response, mut f: impl FnMut(serde_json::Value)) {
+/// Reads a watch response, calling `f` with each JSON event line (blank keepalive lines
+/// are skipped) until the stream ends or `f` returns false (which closes the stream).
+pub async fn for_each_event(resp: reqwest::Response, mut f: impl FnMut(serde_json::Value) -> bool) {
     use futures::StreamExt;
     let mut stream = resp.bytes_stream();
     let mut buf = Vec::new();
@@ -314,7 +314,9 @@ pub async fn for_each_event(resp: reqwest::Response, mut f: impl FnMut(serde_jso
         while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = buf.drain(..=pos).collect();
             if let Ok(v) = serde_json::from_slice(&line) {
-                f(v);
+                if !f(v) {
+                    return;
+                }
             }
         }
     }
@@ -326,8 +328,13 @@ pub fn event_channel(
     resp: reqwest::Response,
 ) -> tokio::sync::mpsc::UnboundedReceiver<serde_json::Value> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(for_each_event(resp, move |v| {
-        let _ = tx.send(v);
-    }));
+    let gone = tx.clone();
+    tokio::spawn(async move {
+        // Dropping the reader (when the receiver is dropped) closes the HTTP stream.
+        tokio::select! {
+            _ = for_each_event(resp, move |v| tx.send(v).is_ok()) => {}
+            _ = gone.closed() => {}
+        }
+    });
     rx
 }
