@@ -319,19 +319,18 @@ fn unescape(s: &str) -> Result<String> {
     Ok(out)
 }
 
-/// Finds the first unescaped occurrence of `op` in `term`.
+/// Finds the first unescaped occurrence of `op` in `term`. Walks characters, not bytes:
+/// a selector is client input and may hold any UTF-8.
 fn find_unescaped(term: &str, op: &str) -> Option<usize> {
-    let bytes = term.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' {
-            i += 2;
-            continue;
-        }
-        if term[i..].starts_with(op) {
+    let mut escaped = false;
+    for (i, c) in term.char_indices() {
+        if escaped {
+            escaped = false;
+        } else if c == '\\' {
+            escaped = true;
+        } else if term[i..].starts_with(op) {
             return Some(i);
         }
-        i += 1;
     }
     None
 }
@@ -544,6 +543,9 @@ mod tests {
                 .value,
             "a=b"
         );
+        // Multi-byte characters before an operator (found by the fuzzer: byte-wise slicing panicked).
+        assert!(FieldSelector::parse("Ѩ🃎=x").is_ok());
+        assert!(FieldSelector::parse("🃎\\Ѩ").is_err());
         for bad in ["bogus", "=x", "a=b\\x", "a"] {
             assert!(FieldSelector::parse(bad).is_err(), "{bad}");
         }
