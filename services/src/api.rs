@@ -42,6 +42,7 @@ pub struct ApiState {
     pub anonymous: bool,
     pub proxy: Proxy,
     pub watch_limits: WatchLimits,
+    pub audit: crate::audit::Auditor,
     pub cache: CacheConfig,
     pub server: ServerConfig,
 }
@@ -73,17 +74,44 @@ pub async fn handle(
                 .get(&(rp.group.clone(), rp.version.clone(), rp.resource.clone()))
                 .cloned();
             if let (Some(resource), None) = (resource, &rp.subresource) {
+                let received = std::time::SystemTime::now();
                 // One parse of the query, used to authorize and then to serve.
                 let q = parse_query(req.query_string());
                 let user = identify(&req, &state).await?;
                 let attrs = resource_attributes(&rp, &q);
-                check(&state, &user, &attrs).await?;
-                if let Some(e) = q.invalid.clone() {
-                    return Err(e);
+                let decision = check(&state, &user, &attrs).await;
+                let served = match (&decision, &q.invalid) {
+                    (Err(e), _) | (Ok(()), Some(e)) => Err(e.clone()),
+                    (Ok(()), None) => serve_cached(&req, &state, &rp, &q, &user, resource).await,
+                };
+                if !matches!(served, Ok(Served::Forward)) {
+                    let (allowed, reason) = match &decision {
+                        Ok(()) => (true, ""),
+                        Err(e) => (false, e.message.as_str()),
+                    };
+                    state.audit.record(crate::audit::Record {
+                        user: &user,
+                        attrs: &attrs,
+                        request_uri: req
+                            .uri()
+                            .path_and_query()
+                            .map_or(req.path(), |pq| pq.as_str()),
+                        source_ip: req.peer_addr().map(|a| a.ip().to_string()),
+                        user_agent: req
+                            .headers()
+                            .get("user-agent")
+                            .and_then(|v| v.to_str().ok()),
+                        allowed,
+                        reason,
+                        code: match &served {
+                            Ok(Served::Response(r)) => r.status().as_u16(),
+                            Err(e) => e.code,
+                            Ok(Served::Forward) => 0,
+                        },
+                        received,
+                    });
                 }
-                if let Served::Response(r) =
-                    serve_cached(&req, &state, &rp, &q, &user, resource).await?
-                {
+                if let Served::Response(r) = served? {
                     return Ok(r);
                 }
             }

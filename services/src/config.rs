@@ -36,6 +36,7 @@ pub struct Config {
     pub server: ServerConfig,
     pub cache: CacheConfig,
     pub auth: AuthConfig,
+    pub audit: crate::audit::AuditConfig,
     /// Resources cached in addition to the defaults.
     pub resources: Vec<ResourceEntry>,
 }

@@ -5,11 +5,13 @@
 //! - [`request`]: the one canonical parse of paths and queries.
 //! - [`auth`]: TokenReview authentication.
 //! - [`authz`]: SubjectAccessReview authorization.
+//! - [`audit`]: audit.k8s.io Event lines for cache-served requests.
 //! - [`table`]: `as=Table` answers for `kubectl get`.
 //! - [`status`]: Kubernetes `Status` errors.
 //! - [`tls`]: serving certificates.
 
 pub mod api;
+pub mod audit;
 pub mod auth;
 pub mod authz;
 pub mod config;

@@ -31,6 +31,8 @@ pub enum Error {
     Config(#[from] config::Error),
     #[error("building the upstream client: {0}")]
     UpstreamClient(#[source] kube::Error),
+    #[error("opening the audit log: {0}")]
+    Audit(#[source] std::io::Error),
     #[error("serving HTTP: {0}")]
     Serve(#[source] std::io::Error),
 }
@@ -123,6 +125,7 @@ pub async fn run(
             cfg.auth.authz_cache_size,
         ),
         anonymous: cfg.auth.anonymous,
+        audit: crate::audit::Auditor::start(&cfg.audit).map_err(Error::Audit)?,
         watch_limits: crate::limits::WatchLimits::new(
             cfg.server.max_watches,
             cfg.server.max_watches_per_user,

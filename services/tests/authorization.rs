@@ -75,9 +75,13 @@ async fn observe(base: &str, path: &str, token: Option<&str>) -> (u16, BTreeSet<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kcache_answers_every_request_as_the_api_server_would() {
     let cluster = TestCluster::start().await;
+    let audit_log = cluster.dir_path().join("audit.log");
     let k = Kcache::start(
         &cluster,
-        "[auth]\nauthz_allow_ttl_secs = 2\nauthz_deny_ttl_secs = 2\n",
+        &format!(
+            "[auth]\nauthz_allow_ttl_secs = 2\nauthz_deny_ttl_secs = 2\n[audit]\npath = {:?}\n",
+            audit_log.display().to_string()
+        ),
     )
     .await;
     for ns in ["a", "b"] {
@@ -197,6 +201,45 @@ async fn kcache_answers_every_request_as_the_api_server_would() {
         }
     }
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+
+    // Allowed and denied Secret reads are audited (Metadata level), with user and decision.
+    let audited = |user: &'static str, decision: &'static str| {
+        let audit_log = audit_log.clone();
+        move || {
+            let text = std::fs::read_to_string(&audit_log).unwrap_or_default();
+            let found = text
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .any(|e| {
+                    e["kind"] == "Event"
+                        && e["apiVersion"] == "audit.k8s.io/v1"
+                        && e["level"] == "Metadata"
+                        && e["user"]["username"] == user
+                        && e["objectRef"]["resource"] == "secrets"
+                        && e["objectRef"]["name"] == "s1"
+                        && e["annotations"]["authorization.k8s.io/decision"] == decision
+                        && e["sourceIPs"][0] == "127.0.0.1"
+                });
+            async move { found }
+        }
+    };
+    eventually(
+        "an allowed Secret read is audited",
+        Duration::from_secs(10),
+        audited("admin", "allow"),
+    )
+    .await;
+    eventually(
+        "a denied Secret read is audited",
+        Duration::from_secs(10),
+        audited("viewer", "forbid"),
+    )
+    .await;
+    let text = std::fs::read_to_string(&audit_log).unwrap_or_default();
+    assert!(
+        !text.contains("configmaps"),
+        "only the configured resources are audited"
+    );
 
     // Impersonation is authorized and applied, never ignored: admin as viewer sees what
     // viewer sees; viewer may not impersonate.
