@@ -162,3 +162,127 @@ async fn kubectl_against_kcache_matches_the_api_server() {
         .collect();
     assert!(listed.contains(&"/api/v1/namespaces/kc/secrets"), "{keys}");
 }
+
+/// Runs openssl with `args` in `dir`.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let ok = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl")
+        .success();
+    assert!(ok, "openssl {args:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_https_with_http2_and_a_provided_certificate() {
+    let cluster = TestCluster::start().await;
+    let dir = cluster.dir_path().to_path_buf();
+    // A CA and a serving certificate for 127.0.0.1 signed by it.
+    openssl(
+        &dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=kcache-test-ca",
+        ],
+    );
+    openssl(
+        &dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "srv.key",
+            "-out",
+            "srv.csr",
+            "-subj",
+            "/CN=kcache",
+        ],
+    );
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("ext");
+    openssl(
+        &dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "srv.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "srv.crt",
+            "-days",
+            "1",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
+    let cert = dir.join("srv.crt").display().to_string();
+    let key = dir.join("srv.key").display().to_string();
+    let k = Kcache::start_with_args(
+        &cluster,
+        "",
+        &["--tls-cert-file", &cert, "--tls-private-key-file", &key],
+    )
+    .await;
+    let ca = dir.join("ca.crt").display().to_string();
+    // kubectl verifying kcache's certificate against the CA.
+    let out = Command::new("kubectl")
+        .args([
+            "--server",
+            &k.url,
+            "--certificate-authority",
+            &ca,
+            "--token",
+            "admintoken",
+            "get",
+            "namespaces",
+        ])
+        .env("KUBECONFIG", "/dev/null")
+        .output()
+        .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("default"));
+    // curl negotiates HTTP/2 through ALPN.
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--http2",
+            "-v",
+            "--cacert",
+            &ca,
+            "-H",
+            "Authorization: Bearer admintoken",
+        ])
+        .arg(format!("{}/api/v1/namespaces?resourceVersion=0", k.url))
+        .output()
+        .expect("curl");
+    let verbose = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{verbose}");
+    assert!(verbose.contains("HTTP/2 200"), "{verbose}");
+}

@@ -24,6 +24,11 @@ impl Kcache {
     /// Starts kcache with the default config plus `extra_toml` (merged by sections: pass
     /// whole `[cache]` etc. sections), and waits for `/readyz`.
     pub async fn start(cluster: &TestCluster, extra_toml: &str) -> Kcache {
+        Self::start_with_args(cluster, extra_toml, &[]).await
+    }
+
+    /// As [`Kcache::start`], with extra command-line arguments.
+    pub async fn start_with_args(cluster: &TestCluster, extra_toml: &str, args: &[&str]) -> Kcache {
         let port = free_port();
         let dir = cluster.dir_path();
         let config = dir.join(format!("kcache-{port}.toml"));
@@ -36,6 +41,7 @@ impl Kcache {
             .arg(&cluster.kubeconfig)
             .arg("--config")
             .arg(&config)
+            .args(args)
             .env(
                 "KCACHE_LOG",
                 std::env::var("KCACHE_LOG").unwrap_or_else(|_| "info".into()),
