@@ -117,7 +117,12 @@ pub async fn handle(
             }
         }
     }
-    state.proxy.forward(&req, body).await
+    match (cert_user(&req), req.headers().contains_key("authorization")) {
+        // A certificate cannot be forwarded: the request goes as kcache impersonating the
+        // user, or not at all.
+        (Some(user), false) => state.proxy.forward_as(&req, body, &user).await,
+        _ => state.proxy.forward(&req, body).await,
+    }
 }
 
 /// Authenticates the request: a bearer token through TokenReview; no credentials is
@@ -127,6 +132,10 @@ pub async fn identify(req: &HttpRequest, state: &ApiState) -> Result<UserInfo, A
         .headers()
         .get("authorization")
         .and_then(|v| v.to_str().ok());
+    // A verified client certificate (the API server's x509 authenticator comes first).
+    if let Some(user) = cert_user(req) {
+        return Ok(user);
+    }
     match state.auth.authenticate(authorization).await {
         Ok(user) => Ok(user),
         Err(auth::Error::MissingToken) if authorization.is_none() && state.anonymous => {
@@ -140,6 +149,19 @@ pub async fn identify(req: &HttpRequest, state: &ApiState) -> Result<UserInfo, A
             ))
         }
     }
+}
+
+/// The user of a client certificate verified against `--client-ca-file`.
+fn cert_user(req: &HttpRequest) -> Option<UserInfo> {
+    let cert = req.conn_data::<crate::tls::ClientCert>()?;
+    let (username, mut groups) = crate::tls::cert_identity(&cert.0)?;
+    groups.push("system:authenticated".into());
+    Some(UserInfo {
+        username,
+        uid: String::new(),
+        groups,
+        extra: Default::default(),
+    })
 }
 
 /// Authorizes `attrs` for `user` with a SubjectAccessReview; a denial is the API server's 403.

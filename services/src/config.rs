@@ -95,6 +95,11 @@ pub struct AuthConfig {
     pub authz_deny_ttl_secs: u64,
     /// Most authorization decisions kept.
     pub authz_cache_size: usize,
+    /// Proxy the requests of client-certificate users upstream as kcache's own identity
+    /// with `Impersonate-User`/`Impersonate-Group` (that identity then needs the
+    /// `impersonate` RBAC in `deploy/rbac.yaml`). Off: such requests get a 401 when they
+    /// would be proxied, rather than reaching the API server as anonymous.
+    pub impersonate_cert_users: bool,
 }
 
 impl Default for AuthConfig {
@@ -106,6 +111,7 @@ impl Default for AuthConfig {
             authz_allow_ttl_secs: 10,
             authz_deny_ttl_secs: 10,
             authz_cache_size: 10_000,
+            impersonate_cert_users: false,
         }
     }
 }

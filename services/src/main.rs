@@ -45,6 +45,10 @@ struct ServeArgs {
     /// PEM private key of --tls-cert-file.
     #[arg(long, env = "KCACHE_TLS_PRIVATE_KEY_FILE")]
     tls_private_key_file: Option<PathBuf>,
+    /// PEM CA bundle: client certificates it signed authenticate (CN = user, O = groups),
+    /// as the API server's --client-ca-file.
+    #[arg(long, env = "KCACHE_CLIENT_CA_FILE")]
+    client_ca_file: Option<PathBuf>,
     /// Serve plain HTTP instead of HTTPS (local use only: kubectl sends no token over it).
     #[arg(long, env = "KCACHE_INSECURE_HTTP")]
     insecure_http: bool,
@@ -90,6 +94,7 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         let tls = kcache::tls::server_config(
             args.tls_cert_file.as_deref(),
             args.tls_private_key_file.as_deref(),
+            args.client_ca_file.as_deref(),
             &host.into_iter().collect::<Vec<_>>(),
         )?;
         Serving::Tls(Box::new(tls))

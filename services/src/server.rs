@@ -73,8 +73,12 @@ pub async fn run(
     kcache_actors::metrics::describe();
     let resources = cfg.resource_types()?;
     let client = kube::Client::try_from(kube_config.clone()).map_err(Error::UpstreamClient)?;
-    let proxy = Proxy::new(kube_config, cfg.server.max_request_body_bytes)
-        .map_err(Error::UpstreamClient)?;
+    let proxy = Proxy::new(
+        kube_config,
+        cfg.server.max_request_body_bytes,
+        cfg.auth.impersonate_cert_users,
+    )
+    .map_err(Error::UpstreamClient)?;
     let cache_cfg = Arc::new(cfg.cache.clone());
     let replica = cfg.server.replica_id.clone().unwrap_or_else(hostname);
     let sources = Arc::new(UpstreamSource::new(client.clone(), cache_cfg.clone()));
@@ -152,6 +156,7 @@ pub async fn run(
             .route("/debug/keys", web::get().to(debug_keys))
             .default_service(web::to(api::handle))
     })
+    .on_connect(crate::tls::connection_info)
     .disable_signals()
     // Watch events are small writes that must leave at once: without TCP_NODELAY, Nagle's
     // algorithm and the client's delayed ACK hold them up to ~40 ms (Go, and so the API

@@ -72,33 +72,24 @@ async fn observe(base: &str, path: &str, token: Option<&str>) -> (u16, BTreeSet<
     (code, names)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kcache_answers_every_request_as_the_api_server_would() {
-    let cluster = TestCluster::start().await;
-    let audit_log = cluster.dir_path().join("audit.log");
-    let k = Kcache::start(
-        &cluster,
-        &format!(
-            "[auth]\nauthz_allow_ttl_secs = 2\nauthz_deny_ttl_secs = 2\n[audit]\npath = {:?}\n",
-            audit_log.display().to_string()
-        ),
-    )
-    .await;
+/// Namespaces a and b with a ConfigMap each, Secrets s1 s2 (a) and s3 (b); viewer may
+/// read ConfigMaps in a; node1 runs a pod mounting s1.
+async fn setup(cluster: &TestCluster) {
     for ns in ["a", "b"] {
         apply(
-            &cluster,
+            cluster,
             "/api/v1/namespaces",
             json!({"metadata": {"name": ns}}),
         )
         .await;
         apply(
-            &cluster,
+            cluster,
             &format!("/api/v1/namespaces/{ns}/serviceaccounts"),
             json!({"metadata": {"name": "default"}}),
         )
         .await;
         apply(
-            &cluster,
+            cluster,
             &format!("/api/v1/namespaces/{ns}/configmaps"),
             json!({"metadata": {"name": format!("cm-{ns}")}}),
         )
@@ -106,25 +97,25 @@ async fn kcache_answers_every_request_as_the_api_server_would() {
     }
     for (ns, name) in [("a", "s1"), ("a", "s2"), ("b", "s3")] {
         apply(
-            &cluster,
+            cluster,
             &format!("/api/v1/namespaces/{ns}/secrets"),
             json!({"metadata": {"name": name}}),
         )
         .await;
     }
     // viewer may read configmaps in namespace a only.
-    apply(&cluster, "/apis/rbac.authorization.k8s.io/v1/namespaces/a/roles", json!({
+    apply(cluster, "/apis/rbac.authorization.k8s.io/v1/namespaces/a/roles", json!({
         "metadata": {"name": "cm-reader"},
         "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}],
     })).await;
-    apply(&cluster, "/apis/rbac.authorization.k8s.io/v1/namespaces/a/rolebindings", json!({
+    apply(cluster, "/apis/rbac.authorization.k8s.io/v1/namespaces/a/rolebindings", json!({
         "metadata": {"name": "cm-reader"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cm-reader"},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "viewer"}],
     })).await;
     // node1 runs a pod that mounts secret s1: the Node authorizer lets it read s1 only.
     apply(
-        &cluster,
+        cluster,
         "/api/v1/namespaces/a/pods",
         json!({
             "metadata": {"name": "p1"},
@@ -151,6 +142,21 @@ async fn kcache_answers_every_request_as_the_api_server_would() {
         },
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kcache_answers_every_request_as_the_api_server_would() {
+    let cluster = TestCluster::start().await;
+    let audit_log = cluster.dir_path().join("audit.log");
+    let k = Kcache::start(
+        &cluster,
+        &format!(
+            "[auth]\nauthz_allow_ttl_secs = 2\nauthz_deny_ttl_secs = 2\n[audit]\npath = {:?}\n",
+            audit_log.display().to_string()
+        ),
+    )
+    .await;
+    setup(&cluster).await;
 
     let requests = [
         "/api/v1/namespaces/a/configmaps?resourceVersion=0",
@@ -283,4 +289,218 @@ async fn kcache_answers_every_request_as_the_api_server_would() {
         || async { observe(&k.url, path, Some("viewertoken")).await.0 == 403 },
     )
     .await;
+}
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let ok = std::process::Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl")
+        .success();
+    assert!(ok, "openssl {args:?}");
+}
+
+/// Status code of a GET through curl with a client certificate (`name`.crt/.key in `dir`).
+fn curl_with_cert(dir: &std::path::Path, name: &str, url: &str, extra: &[&str]) -> u16 {
+    let out = std::process::Command::new("curl")
+        .current_dir(dir)
+        .args([
+            "-sk",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--cert",
+            &format!("{name}.crt"),
+            "--key",
+            &format!("{name}.key"),
+        ])
+        .args(extra)
+        .arg(url)
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_authenticate_as_cn_and_organizations() {
+    let cluster = TestCluster::start().await;
+    setup(&cluster).await;
+    let dir = cluster.dir_path().to_path_buf();
+    // v3 client certificates, as kubelets' are (webpki refuses X.509 v1).
+    std::fs::write(
+        dir.join("client.ext"),
+        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+    )
+    .expect("ext");
+    openssl(
+        &dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "clientca.key",
+            "-out",
+            "clientca.crt",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=clients",
+        ],
+    );
+    for (name, subj) in [
+        ("node1", "/O=system:nodes/CN=system:node:node1"),
+        ("viewer", "/CN=viewer"),
+    ] {
+        openssl(
+            &dir,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                subj,
+            ],
+        );
+        openssl(
+            &dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "clientca.crt",
+                "-CAkey",
+                "clientca.key",
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.crt"),
+                "-days",
+                "1",
+                "-extfile",
+                "client.ext",
+            ],
+        );
+    }
+    let ca = dir.join("clientca.crt").display().to_string();
+    let k = Kcache::start_with_args(
+        &cluster,
+        "[auth]\nimpersonate_cert_users = true\n",
+        &["--client-ca-file", &ca],
+    )
+    .await;
+    eventually(
+        "the Node authorizer knows node1's pod",
+        Duration::from_secs(30),
+        || async {
+            observe(
+                &cluster.url,
+                "/api/v1/namespaces/a/secrets/s1",
+                Some("node1token"),
+            )
+            .await
+            .0 == 200
+        },
+    )
+    .await;
+    let u = |p: &str| format!("{}{p}", k.url);
+    // Served from the cache, authorized for the certificate's identity.
+    assert_eq!(
+        curl_with_cert(
+            &dir,
+            "node1",
+            &u("/api/v1/namespaces/a/secrets/s1?resourceVersion=0"),
+            &[]
+        ),
+        200
+    );
+    assert_eq!(
+        curl_with_cert(
+            &dir,
+            "node1",
+            &u("/api/v1/namespaces/a/secrets/s2?resourceVersion=0"),
+            &[]
+        ),
+        403
+    );
+    assert_eq!(
+        curl_with_cert(
+            &dir,
+            "viewer",
+            &u("/api/v1/namespaces/a/configmaps?resourceVersion=0"),
+            &[]
+        ),
+        200
+    );
+    assert_eq!(
+        curl_with_cert(
+            &dir,
+            "viewer",
+            &u("/api/v1/namespaces/b/configmaps?resourceVersion=0"),
+            &[]
+        ),
+        403
+    );
+    // Proxied (a consistent read): kcache impersonates the certificate's user upstream.
+    assert_eq!(
+        curl_with_cert(&dir, "viewer", &u("/api/v1/namespaces/a/configmaps"), &[]),
+        200
+    );
+    assert_eq!(
+        curl_with_cert(&dir, "viewer", &u("/api/v1/namespaces/b/configmaps"), &[]),
+        403
+    );
+    // A certificate user's own impersonation is refused, never ignored.
+    assert_eq!(
+        curl_with_cert(
+            &dir,
+            "viewer",
+            &u("/api/v1/namespaces/a/configmaps"),
+            &["-H", "Impersonate-User: admin"]
+        ),
+        403
+    );
+    // A certificate from another CA is not an identity: anonymous, forbidden.
+    openssl(
+        &dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "rogue.key",
+            "-out",
+            "rogue.crt",
+            "-days",
+            "1",
+            "-subj",
+            "/O=system:masters/CN=admin",
+        ],
+    );
+    let rogue = curl_with_cert(
+        &dir,
+        "rogue",
+        &u("/api/v1/namespaces/a/secrets?resourceVersion=0"),
+        &[],
+    );
+    assert!(
+        rogue == 403 || rogue == 0,
+        "a rogue certificate got {rogue}"
+    );
 }
