@@ -184,6 +184,7 @@ async fn kcache_answers_every_request_as_the_api_server_would() {
     let tokens = [
         Some(ADMIN_TOKEN),
         Some("viewertoken"),
+        Some("nobodytoken"),
         Some("node1token"),
         Some("bogus"),
         None,

@@ -92,7 +92,7 @@ impl TestCluster {
         assert!(ok, "generating the service-account key");
         std::fs::write(
             d.join("tokens.csv"),
-            "admintoken,admin,admin-uid,\"system:masters\"\nviewertoken,viewer,viewer-uid\nnode1token,system:node:node1,node1-uid,\"system:nodes\"\n",
+            "admintoken,admin,admin-uid,\"system:masters\"\nviewertoken,viewer,viewer-uid\nnobodytoken,nobody,nobody-uid\nnode1token,system:node:node1,node1-uid,\"system:nodes\"\n",
         )
         .expect("tokens.csv");
         let url = format!("https://127.0.0.1:{ap}");
