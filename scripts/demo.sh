@@ -1,49 +1,97 @@
 #!/usr/bin/env bash
-# Runs kcache for real on this machine: a kube-apiserver v1.20.2 + etcd, kcache in front
-# of it on https://127.0.0.1:${KCACHE_PORT:-8443}, and a writer that updates a ConfigMap
-# every 2 s so a watch through kcache shows events. Ctrl-C stops everything.
+# Runs kcache for real on this machine:
+#   1. installs what is missing (apt packages; kube-apiserver v1.20.2 + etcd, built once),
+#   2. starts a throw-away etcd + kube-apiserver (scripts/start-test-cluster.sh),
+#   3. builds and starts kcache in front of it on https://127.0.0.1:${KCACHE_PORT:-8443},
+#   4. creates namespace `demo` with a Secret, and a writer that updates ConfigMap
+#      demo/ticker every 2 s through kcache,
+# then prints how to watch it. Ctrl-C stops and removes everything.
+#
+# kcache serves HTTPS (self-signed certificate) because kubectl sends no bearer token
+# over plain HTTP.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 port=${KCACHE_PORT:-8443}
+kcache_url=https://127.0.0.1:$port
+
+command -v cargo >/dev/null || { echo "demo: cargo (a Rust toolchain) is required" >&2; exit 1; }
+echo "==> checking prerequisites (first run builds kube-apiserver, ~4 min)"
 bin=$(scripts/ensure-deps.sh | tail -1)
-command -v cargo >/dev/null || { echo "cargo (Rust) is required" >&2; exit 1; }
+
+echo "==> building kcache"
 cargo build --release -p kcache
+
+echo "==> starting etcd + kube-apiserver"
 eval "$(scripts/start-test-cluster.sh "$bin")"
+
 pids=()
 cleanup() {
-  kill "${pids[@]}" 2>/dev/null || true
-  # shellcheck disable=SC2086
-  kill $KUBE_PIDS 2>/dev/null || true
-  wait 2>/dev/null || true
-  echo "stopped (logs were in $KUBE_DIR)"
+  trap - EXIT INT TERM
+  echo
+  echo "==> stopping"
+  ((${#pids[@]})) && kill "${pids[@]}" 2>/dev/null
+  # shellcheck disable=SC2086  # KUBE_PIDS is a list
+  kill $KUBE_PIDS 2>/dev/null
+  wait 2>/dev/null
+  if [[ -n ${KCACHE_KEEP_DEMO_DIR:-} ]]; then
+    echo "logs kept in $KUBE_DIR"
+  else
+    rm -rf "$KUBE_DIR"
+  fi
 }
-trap cleanup EXIT INT TERM
-target/release/kcache serve --kubeconfig "$KUBECONFIG" --listen "127.0.0.1:$port" \
-  >"$KUBE_DIR/kcache.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do curl -skf "https://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.2; done
-k() { KUBECONFIG=/dev/null kubectl --server "https://127.0.0.1:$port" --insecure-skip-tls-verify --token admintoken "$@"; }
-k create namespace demo >/dev/null
-k -n demo create secret generic hello --from-literal=greeting=hi >/dev/null
-k -n demo create configmap ticker --from-literal=tick=0 >/dev/null
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "==> starting kcache on $kcache_url"
+target/release/kcache serve --kubeconfig "$KUBE_DIR/kubeconfig" --listen "127.0.0.1:$port" \
+  </dev/null >"$KUBE_DIR/kcache.log" 2>&1 &
+kcache_pid=$!
+pids+=("$kcache_pid")
+until curl -skf "$kcache_url/readyz" >/dev/null; do
+  if ! kill -0 "$kcache_pid" 2>/dev/null; then
+    echo "demo: kcache exited:" >&2
+    tail -20 "$KUBE_DIR/kcache.log" >&2
+    exit 1
+  fi
+  sleep 0.2
+done
+
+# kubectl through kcache as the cluster admin, ignoring any kubeconfig on this machine.
+kc() {
+  KUBECONFIG=/dev/null kubectl --server "$kcache_url" --insecure-skip-tls-verify --token admintoken "$@"
+}
+kc create namespace demo >/dev/null
+kc -n demo create secret generic hello --from-literal=greeting=hi >/dev/null
+kc -n demo create configmap ticker --from-literal=tick=0 >/dev/null
+
+# The writer: one ConfigMap update every 2 s, through kcache (writes are proxied upstream).
 (
-  i=0
+  tick=0
   while sleep 2; do
-    i=$((i + 1))
-    k -n demo patch configmap ticker --type merge -p "{\"data\":{\"tick\":\"$i\"}}" >/dev/null || true
+    tick=$((tick + 1))
+    kc -n demo patch configmap ticker --type merge \
+      -p "{\"data\":{\"tick\":\"$tick\",\"at\":\"$(date +%T)\"}}" >/dev/null || true
   done
 ) &
 pids+=($!)
-cat <<MSG
 
-kcache is serving https://127.0.0.1:$port in front of $KUBE_URL
-(self-signed certificate; tokens: admintoken, viewertoken, node1token).
+cat <<EOF
 
-Watch a ConfigMap change every 2 s, served from kcache's cache:
-  kubectl --server https://127.0.0.1:$port --insecure-skip-tls-verify --token admintoken -n demo get configmaps -w
-Inspect it:
-  curl -sk https://127.0.0.1:$port/debug/keys
-  curl -sk https://127.0.0.1:$port/metrics | grep ^kcache_
-Logs: $KUBE_DIR/kcache.log    Ctrl-C to stop.
-MSG
-wait "${pids[0]}"
+kcache is serving $kcache_url in front of the API server at $KUBE_URL.
+Tokens: admintoken (cluster-admin), viewertoken (no permissions), node1token (a node).
+
+Watch demo/ticker change every 2 s, served from kcache's cache:
+  kubectl --server $kcache_url --insecure-skip-tls-verify --token admintoken get configmaps -n demo -w
+
+More:
+  kubectl --server $kcache_url --insecure-skip-tls-verify --token admintoken get secrets -n demo
+  curl -sk $kcache_url/debug/keys
+  curl -sk $kcache_url/metrics | grep '^kcache_'
+  kcache log: $KUBE_DIR/kcache.log   (KCACHE_KEEP_DEMO_DIR=1 keeps it after exit)
+
+Ctrl-C to stop.
+EOF
+wait "$kcache_pid"
+echo "demo: kcache exited; last log lines:" >&2
+tail -20 "$KUBE_DIR/kcache.log" >&2
+exit 1

@@ -1,49 +1,123 @@
 #!/usr/bin/env bash
-# Starts a throw-away etcd + kube-apiserver v1.20.2 on free loopback ports and prints
-# shell assignments to eval:
-#   KUBE_URL  KUBE_DIR  KUBECONFIG (admin token, insecure TLS)  KUBE_PIDS
-# Tokens (in $KUBE_DIR/tokens.csv):
-#   admintoken  -> admin, system:masters
-#   viewertoken -> viewer (no RBAC bindings)
-#   node1token  -> system:node:node1, system:nodes (the Node authorizer applies)
+# Starts a throw-away etcd + kube-apiserver v1.20.2 on free loopback ports, in a fresh
+# temp dir, and prints shell assignments to eval:
+#   KUBE_URL  KUBE_TOKEN (admintoken)  KUBE_DIR  KUBECONFIG  KUBE_PIDS
 #
-# Usage:  eval "$(scripts/start-test-cluster.sh [BIN_DIR])";  stop with: kill $KUBE_PIDS
+#   eval "$(scripts/start-test-cluster.sh [BIN_DIR])"     # stop with: kill $KUBE_PIDS
+#
+# BIN_DIR holds kube-apiserver and etcd; default: what scripts/install-kube-apiserver.sh
+# prints on its last line (it builds them on first use).
+#
+# The API server runs with --authorization-mode=Node,RBAC and these identities:
+#   tokens ($KUBE_DIR/tokens.csv)
+#     admintoken   -> admin, group system:masters
+#     viewertoken  -> viewer (no RBAC bindings: forbidden until you bind it)
+#     node1token   -> system:node:node1, group system:nodes (the Node authorizer applies)
+#   client certificates (--client-ca-file $KUBE_DIR/pki/ca.crt)
+#     $KUBE_DIR/pki/admin.crt + admin.key -> CN=admin, O=system:masters
+# $KUBE_DIR/kubeconfig: current context uses admintoken; context "test-cert" uses the
+# admin client certificate. Both skip server certificate verification.
+# Logs: $KUBE_DIR/etcd.log, $KUBE_DIR/apiserver.log.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=${1:-$("$here/install-kube-apiserver.sh" | tail -1)}
-free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-dir=$(mktemp -d /tmp/kcache-k8s.XXXXXX)
-etcd_port=$(free_port); peer_port=$(free_port); api_port=$(free_port)
-"$bin/etcd" --data-dir "$dir/etcd" --listen-client-urls "http://127.0.0.1:$etcd_port" \
-  --advertise-client-urls "http://127.0.0.1:$etcd_port" --listen-peer-urls "http://127.0.0.1:$peer_port" \
-  >"$dir/etcd.log" 2>&1 &
-etcd_pid=$!
-openssl genrsa -out "$dir/sa.key" 2048 2>/dev/null
-openssl rsa -in "$dir/sa.key" -pubout -out "$dir/sa.pub" 2>/dev/null
-cat >"$dir/tokens.csv" <<T
+for exe in etcd kube-apiserver; do
+  [[ -x $bin/$exe ]] || { echo "start-test-cluster: no $bin/$exe" >&2; exit 1; }
+done
+
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+dir=$(mktemp -d "${TMPDIR:-/tmp}/kcache-k8s.XXXXXX")
+etcd_port=$(free_port)
+peer_port=$(free_port)
+api_port=$(free_port)
+pids=()
+# On any failure, stop what was started; on success the servers outlive this script.
+fail() {
+  echo "start-test-cluster: $1 (logs in $dir)" >&2
+  [[ -f $dir/${2:-} ]] && tail -30 "$dir/$2" >&2
+  ((${#pids[@]})) && kill "${pids[@]}" 2>/dev/null
+  exit 1
+}
+trap 'fail "failed at line $LINENO"' ERR
+
+# --- etcd ---------------------------------------------------------------------------
+"$bin/etcd" --data-dir "$dir/etcd" \
+  --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+  --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
+  --initial-cluster "default=http://127.0.0.1:$peer_port" \
+  </dev/null >"$dir/etcd.log" 2>&1 &
+pids+=($!)
+
+# --- credentials --------------------------------------------------------------------
+cat >"$dir/tokens.csv" <<EOF
 admintoken,admin,admin-uid,"system:masters"
 viewertoken,viewer,viewer-uid
 node1token,system:node:node1,node1-uid,"system:nodes"
-T
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$etcd_port/health" >/dev/null && break; sleep 0.2; done
-"$bin/kube-apiserver" --etcd-servers="http://127.0.0.1:$etcd_port" --bind-address=127.0.0.1 \
-  --secure-port="$api_port" --cert-dir="$dir/certs" --token-auth-file="$dir/tokens.csv" \
-  --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$dir/sa.pub" \
-  --service-account-signing-key-file="$dir/sa.key" --authorization-mode=Node,RBAC \
-  --service-cluster-ip-range=10.0.0.0/24 --advertise-address=127.0.0.1 \
-  >"$dir/apiserver.log" 2>&1 &
-api_pid=$!
-for _ in $(seq 300); do
-  curl -skf -H 'Authorization: Bearer admintoken' "https://127.0.0.1:$api_port/readyz" >/dev/null && break
-  kill -0 $api_pid 2>/dev/null || { tail -20 "$dir/apiserver.log" >&2; exit 1; }
+EOF
+# Service-account signing key (RSA: the API server signs tokens with RS256).
+openssl genrsa -out "$dir/sa.key" 2048 2>/dev/null
+openssl rsa -in "$dir/sa.key" -pubout -out "$dir/sa.pub" 2>/dev/null
+# Client CA and an admin client certificate (v3, clientAuth).
+pki=$dir/pki
+mkdir -p "$pki"
+ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+openssl req -x509 "${ec[@]}" -keyout "$pki/ca.key" -out "$pki/ca.crt" -days 30 \
+  -subj "/CN=kcache-test-client-ca" 2>/dev/null
+openssl req "${ec[@]}" -keyout "$pki/admin.key" -out "$pki/admin.csr" \
+  -subj "/O=system:masters/CN=admin" 2>/dev/null
+printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n' >"$pki/client.ext"
+openssl x509 -req -in "$pki/admin.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+  -days 30 -extfile "$pki/client.ext" -out "$pki/admin.crt" 2>/dev/null
+
+ready=
+for _ in $(seq 150); do
+  curl -sf "http://127.0.0.1:$etcd_port/health" >/dev/null && { ready=1; break; }
+  kill -0 "${pids[0]}" 2>/dev/null || break
   sleep 0.2
 done
-cat >"$dir/kubeconfig" <<K
+[[ $ready ]] || fail "etcd did not become healthy" etcd.log
+
+# --- kube-apiserver -----------------------------------------------------------------
+"$bin/kube-apiserver" \
+  --etcd-servers="http://127.0.0.1:$etcd_port" \
+  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
+  --cert-dir="$dir/certs" \
+  --token-auth-file="$dir/tokens.csv" \
+  --client-ca-file="$pki/ca.crt" \
+  --authorization-mode=Node,RBAC \
+  --service-account-issuer=https://kubernetes.default.svc \
+  --service-account-key-file="$dir/sa.pub" \
+  --service-account-signing-key-file="$dir/sa.key" \
+  --service-cluster-ip-range=10.0.0.0/24 \
+  </dev/null >"$dir/apiserver.log" 2>&1 &
+pids+=($!)
+
+ready=
+deadline=$((SECONDS + 90))
+while ((SECONDS < deadline)); do
+  curl -skf -H 'Authorization: Bearer admintoken' "https://127.0.0.1:$api_port/readyz" >/dev/null && { ready=1; break; }
+  kill -0 "${pids[1]}" 2>/dev/null || fail "kube-apiserver exited" apiserver.log
+  sleep 0.2
+done
+[[ $ready ]] || fail "kube-apiserver not ready in 90 s" apiserver.log
+
+cat >"$dir/kubeconfig" <<EOF
 apiVersion: v1
 kind: Config
-clusters: [{name: test, cluster: {server: "https://127.0.0.1:$api_port", insecure-skip-tls-verify: true}}]
-users: [{name: admin, user: {token: admintoken}}]
-contexts: [{name: test, context: {cluster: test, user: admin}}]
+clusters:
+- name: test
+  cluster: {server: "https://127.0.0.1:$api_port", insecure-skip-tls-verify: true}
+users:
+- name: admin
+  user: {token: admintoken}
+- name: admin-cert
+  user: {client-certificate: "$pki/admin.crt", client-key: "$pki/admin.key"}
+contexts:
+- name: test
+  context: {cluster: test, user: admin}
+- name: test-cert
+  context: {cluster: test, user: admin-cert}
 current-context: test
-K
-echo "KUBE_URL=https://127.0.0.1:$api_port KUBE_DIR=$dir KUBECONFIG=$dir/kubeconfig KUBE_PIDS='$api_pid $etcd_pid'"
+EOF
+trap - ERR
+echo "KUBE_URL=https://127.0.0.1:$api_port KUBE_TOKEN=admintoken KUBE_DIR=$dir KUBECONFIG=$dir/kubeconfig KUBE_PIDS='${pids[1]} ${pids[0]}'"

@@ -292,17 +292,6 @@ async fn kcache_answers_every_request_as_the_api_server_would() {
     .await;
 }
 
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let ok = std::process::Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("openssl")
-        .success();
-    assert!(ok, "openssl {args:?}");
-}
-
 /// Status code of a GET through curl with a client certificate (`name`.crt/.key in `dir`).
 fn curl_with_cert(dir: &std::path::Path, name: &str, url: &str, extra: &[&str]) -> u16 {
     let out = std::process::Command::new("curl")
@@ -339,7 +328,7 @@ async fn client_certificates_authenticate_as_cn_and_organizations() {
         "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
     )
     .expect("ext");
-    openssl(
+    support::openssl(
         &dir,
         &[
             "req",
@@ -361,7 +350,7 @@ async fn client_certificates_authenticate_as_cn_and_organizations() {
         ("node1", "/O=system:nodes/CN=system:node:node1"),
         ("viewer", "/CN=viewer"),
     ] {
-        openssl(
+        support::openssl(
             &dir,
             &[
                 "req",
@@ -376,7 +365,7 @@ async fn client_certificates_authenticate_as_cn_and_organizations() {
                 subj,
             ],
         );
-        openssl(
+        support::openssl(
             &dir,
             &[
                 "x509",
@@ -404,20 +393,7 @@ async fn client_certificates_authenticate_as_cn_and_organizations() {
         &["--client-ca-file", &ca],
     )
     .await;
-    eventually(
-        "the Node authorizer knows node1's pod",
-        Duration::from_secs(30),
-        || async {
-            observe(
-                &cluster.url,
-                "/api/v1/namespaces/a/secrets/s1",
-                Some("node1token"),
-            )
-            .await
-            .0 == 200
-        },
-    )
-    .await;
+    // setup() waited until the Node authorizer knows node1's pod.
     let u = |p: &str| format!("{}{p}", k.url);
     // Served from the cache, authorized for the certificate's identity.
     assert_eq!(
@@ -476,7 +452,7 @@ async fn client_certificates_authenticate_as_cn_and_organizations() {
         403
     );
     // A certificate from another CA is not an identity: anonymous, forbidden.
-    openssl(
+    support::openssl(
         &dir,
         &[
             "req",

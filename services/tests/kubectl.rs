@@ -163,24 +163,12 @@ async fn kubectl_against_kcache_matches_the_api_server() {
     assert!(listed.contains(&"/api/v1/namespaces/kc/secrets"), "{keys}");
 }
 
-/// Runs openssl with `args` in `dir`.
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let ok = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl")
-        .success();
-    assert!(ok, "openssl {args:?}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_https_with_http2_and_a_provided_certificate() {
     let cluster = TestCluster::start().await;
     let dir = cluster.dir_path().to_path_buf();
     // A CA and a serving certificate for 127.0.0.1 signed by it.
-    openssl(
+    support::openssl(
         &dir,
         &[
             "req",
@@ -198,7 +186,7 @@ async fn serves_https_with_http2_and_a_provided_certificate() {
             "/CN=kcache-test-ca",
         ],
     );
-    openssl(
+    support::openssl(
         &dir,
         &[
             "req",
@@ -218,7 +206,7 @@ async fn serves_https_with_http2_and_a_provided_certificate() {
         "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
     )
     .expect("ext");
-    openssl(
+    support::openssl(
         &dir,
         &[
             "x509",

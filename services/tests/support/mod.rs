@@ -338,3 +338,15 @@ pub fn event_channel(
     });
     rx
 }
+
+/// Runs openssl with `args` in `dir` (test certificates).
+pub fn openssl(dir: &Path, args: &[&str]) {
+    let ok = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl")
+        .success();
+    assert!(ok, "openssl {args:?}");
+}
