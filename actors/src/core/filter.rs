@@ -1,10 +1,24 @@
-//! A watcher's filter, and the cacheWatcher's `convertToWatchEvent`: the event type a
-//! watcher sends is derived from whether the old and the new object pass its filter.
+//! A watcher's filter and the event type it sends, as the API server's cacheWatcher
+//! derives it (`convertToWatchEvent`) from whether the old and new objects pass.
 
 use serde_json::Value;
+use thiserror::Error;
 
-use crate::core::selector::{FieldSelector, LabelSelector};
+use crate::core::selector::{self, FieldSelector, LabelSelector};
 
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// The label selector did not parse.
+    #[error("label selector: {0}")]
+    LabelSelector(selector::Error),
+    /// The field selector did not parse.
+    #[error("field selector: {0}")]
+    FieldSelector(selector::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The type of a watch event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventType {
     Added,
@@ -13,6 +27,7 @@ pub enum EventType {
 }
 
 impl EventType {
+    /// The `type` of the event on the wire.
     pub fn as_str(&self) -> &'static str {
         match self {
             EventType::Added => "ADDED",
@@ -22,6 +37,7 @@ impl EventType {
     }
 }
 
+/// What one watcher (or list) selects: both selectors must hold.
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
     pub label: LabelSelector,
@@ -37,11 +53,22 @@ impl Filter {
         Filter { label, field }
     }
 
+    /// Parses a request's `labelSelector` and `fieldSelector` ("" for either selects
+    /// everything), saying which of the two was bad.
+    pub fn parse(label: &str, field: &str) -> Result<Self> {
+        Ok(Filter {
+            label: LabelSelector::parse(label).map_err(Error::LabelSelector)?,
+            field: FieldSelector::parse(field).map_err(Error::FieldSelector)?,
+        })
+    }
+
     pub fn is_everything(&self) -> bool {
         self.label.is_empty() && self.field.is_empty()
     }
 
+    /// Whether `obj` passes; its labels are `metadata.labels`.
     pub fn matches(&self, obj: &Value) -> bool {
+        // Most watchers select everything: skip the JSON lookups for them.
         if self.is_everything() {
             return true;
         }
@@ -53,40 +80,51 @@ impl Filter {
 /// What a watcher sends for one event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Conversion {
-    /// Send the event's object as `kind`; `same_as_source` when `kind` is the event's own
-    /// type, so the line encoded once for the key can be reused.
+    /// Send the event's object with this type. `same_as_source` is true when the type is
+    /// the event's own, so the line encoded once for the whole key can be reused.
     Send {
         kind: EventType,
         same_as_source: bool,
     },
-    /// The object left the filter: send the previous object as DELETED with the event's RV.
+    /// A DELETED synthesised because the object left the filter: the watcher sends the
+    /// previous object with its resourceVersion set to the event's, so the client still
+    /// sees the resourceVersions it has seen only grow.
     DeletedPrev,
 }
 
+/// The cacheWatcher's conversion. `kind` is what happened to the object in the key's
+/// store, `new` the object after it (the last state, for a deletion) and `prev` the
+/// object before it (`None` for a creation, or when the previous state is unknown).
+///
+/// The object passes now if the event did not delete it and `new` passes; it passed before
+/// if `prev` passes. Neither: the watcher never hears of it. Only now: ADDED, since for
+/// this watcher the object has just appeared. Both: MODIFIED. Only before: DELETED, since
+/// it has just disappeared from what the watcher selects.
 pub fn convert(
     filter: &Filter,
     kind: EventType,
     new: &Value,
     prev: Option<&Value>,
 ) -> Option<Conversion> {
-    if kind == EventType::Deleted {
-        // The deleted object is its own last state when the previous one is unknown.
-        let old_passes = filter.matches(prev.unwrap_or(new));
-        return old_passes.then_some(Conversion::Send {
-            kind: EventType::Deleted,
-            same_as_source: true,
-        });
-    }
-    let cur = filter.matches(new);
-    let old = prev.is_some_and(|p| filter.matches(p));
-    let send = |k: EventType| Conversion::Send {
-        kind: k,
-        same_as_source: k == kind,
+    let deleted = kind == EventType::Deleted;
+    let passes_now = !deleted && filter.matches(new);
+    let passed_before = match prev {
+        Some(prev) => filter.matches(prev),
+        // A deletion with an unknown previous state: the deleted object is its own last
+        // state, and the watcher must not miss the deletion of something it selected.
+        None => deleted && filter.matches(new),
     };
-    match (cur, old) {
+    let send = |sent: EventType| Conversion::Send {
+        kind: sent,
+        same_as_source: sent == kind,
+    };
+    match (passes_now, passed_before) {
         (false, false) => None,
         (true, false) => Some(send(EventType::Added)),
         (true, true) => Some(send(EventType::Modified)),
+        // A real deletion sends the deleted object as delivered; it already carries the
+        // deletion's resourceVersion, so the shared line serves.
+        (false, true) if deleted => Some(send(EventType::Deleted)),
         (false, true) => Some(Conversion::DeletedPrev),
     }
 }
@@ -95,77 +133,227 @@ pub fn convert(
 mod tests {
     use super::*;
     use serde_json::json;
-    use EventType::*;
+    use EventType::{Added, Deleted, Modified};
 
-    fn obj(app: &str) -> Value {
-        json!({"metadata": {"name": "a", "labels": {"app": app}}})
+    fn obj(app: &str, node: &str) -> Value {
+        json!({
+            "metadata": {"name": "p", "namespace": "ns", "labels": {"app": app}},
+            "spec": {"nodeName": node}
+        })
     }
-    fn f(sel: &str) -> Filter {
-        Filter::new(
-            LabelSelector::parse(sel).expect("sel"),
-            FieldSelector::everything(),
-        )
+
+    fn filter(label: &str, field: &str) -> Filter {
+        Filter::parse(label, field).unwrap_or_else(|e| panic!("{label:?} {field:?}: {e}"))
+    }
+
+    fn send(kind: EventType, same_as_source: bool) -> Option<Conversion> {
+        Some(Conversion::Send {
+            kind,
+            same_as_source,
+        })
     }
 
     #[test]
-    fn conversion_table() {
-        let web = f("app=web");
-        let send = |k, same| {
-            Some(Conversion::Send {
-                kind: k,
-                same_as_source: same,
-            })
-        };
-        let cases: Vec<(EventType, Value, Option<Value>, Option<Conversion>)> = vec![
-            (Added, obj("web"), None, send(Added, true)),
-            (Added, obj("db"), None, None),
-            (Modified, obj("web"), Some(obj("web")), send(Modified, true)),
-            (Modified, obj("web"), Some(obj("db")), send(Added, false)),
-            (
-                Modified,
-                obj("db"),
-                Some(obj("web")),
-                Some(Conversion::DeletedPrev),
-            ),
-            (Modified, obj("db"), Some(obj("db")), None),
-            // A MODIFIED with no known previous object counts as new to the watcher.
-            (Modified, obj("web"), None, send(Added, false)),
-            (Deleted, obj("web"), Some(obj("web")), send(Deleted, true)),
-            (Deleted, obj("db"), Some(obj("web")), send(Deleted, true)),
-            (Deleted, obj("web"), Some(obj("db")), None),
-            (Deleted, obj("web"), None, send(Deleted, true)),
-            (Deleted, obj("db"), None, None),
+    fn event_types_have_wire_names() {
+        let cases = [
+            (Added, "ADDED"),
+            (Modified, "MODIFIED"),
+            (Deleted, "DELETED"),
         ];
-        for (kind, new, prev, want) in cases {
+        for (kind, want) in cases {
+            assert_eq!(kind.as_str(), want);
+        }
+    }
+
+    #[test]
+    fn filters_match_labels_and_fields() {
+        let unlabelled = json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n1"}});
+        let cases: Vec<(&str, &str, Value, bool)> = vec![
+            ("", "", json!({}), true),
+            ("", "", json!(null), true),
+            ("app=web", "", obj("web", "n1"), true),
+            ("app=web", "", obj("db", "n1"), false),
+            ("app!=web", "", unlabelled.clone(), true),
+            ("app", "", unlabelled.clone(), false),
+            ("", "spec.nodeName=n1", obj("web", "n1"), true),
+            ("", "spec.nodeName=n1", obj("web", "n2"), false),
+            ("", "spec.nodeName=n1", unlabelled.clone(), true),
+            ("app=web", "spec.nodeName=n1", obj("web", "n1"), true),
+            ("app=web", "spec.nodeName=n1", obj("db", "n1"), false),
+            ("app=web", "spec.nodeName=n1", obj("web", "n2"), false),
+            ("app=web", "metadata.name=p", obj("web", "n1"), true),
+            ("app=web", "metadata.name=q", obj("web", "n1"), false),
+            ("app", "spec.nodeName=n1", unlabelled, false),
+            // labels that are not an object are no labels
+            ("!app", "", json!({"metadata": {"labels": "app=web"}}), true),
+        ];
+        for (label, field, o, want) in cases {
             assert_eq!(
-                convert(&web, kind, &new, prev.as_ref()),
+                filter(label, field).matches(&o),
                 want,
-                "{kind:?} {new} {prev:?}"
+                "{label:?} {field:?} on {o}"
             );
         }
     }
 
     #[test]
-    fn everything_passes_everything() {
-        let all = Filter::everything();
-        assert!(all.is_everything());
-        assert!(all.matches(&json!({})));
-        assert_eq!(
-            convert(&all, Modified, &obj("x"), Some(&obj("y"))),
-            Some(Conversion::Send {
-                kind: Modified,
-                same_as_source: true
-            })
+    fn filters_know_when_they_select_everything() {
+        let cases = [
+            ("", "", true),
+            ("", ",", true),
+            ("app", "", false),
+            ("", "metadata.name=a", false),
+        ];
+        for (label, field, want) in cases {
+            assert_eq!(
+                filter(label, field).is_everything(),
+                want,
+                "{label:?} {field:?}"
+            );
+        }
+        assert!(Filter::everything().is_everything());
+        assert!(
+            Filter::new(LabelSelector::everything(), FieldSelector::everything()).is_everything()
         );
     }
 
     #[test]
-    fn field_and_label_together() {
-        let filter = Filter::new(
-            LabelSelector::parse("app=web").expect("l"),
-            FieldSelector::parse("metadata.name=a").expect("f"),
+    fn bad_selectors_say_which_one() {
+        let cases = [
+            ("a in (", "", "label selector: "),
+            ("", "bogus", "field selector: "),
+        ];
+        for (label, field, prefix) in cases {
+            let e = Filter::parse(label, field).expect_err("bad selector");
+            assert!(e.to_string().starts_with(prefix), "{e}");
+        }
+    }
+
+    #[test]
+    fn conversions_follow_the_cache_watcher() {
+        let web = filter("app=web", "");
+        let n1 = filter("", "spec.nodeName=n1");
+        let all = Filter::everything();
+        // (filter, event type, object after, object before, what the watcher sends)
+        type Case<'a> = (
+            &'a Filter,
+            EventType,
+            Value,
+            Option<Value>,
+            Option<Conversion>,
         );
-        assert!(filter.matches(&obj("web")));
-        assert!(!filter.matches(&json!({"metadata": {"name": "b", "labels": {"app": "web"}}})));
+        let cases: Vec<Case> = vec![
+            // creations
+            (&web, Added, obj("web", "n1"), None, send(Added, true)),
+            (&web, Added, obj("db", "n1"), None, None),
+            (&all, Added, obj("db", "n1"), None, send(Added, true)),
+            // updates: stays in, enters, leaves, stays out
+            (
+                &web,
+                Modified,
+                obj("web", "n1"),
+                Some(obj("web", "n2")),
+                send(Modified, true),
+            ),
+            (
+                &web,
+                Modified,
+                obj("web", "n1"),
+                Some(obj("db", "n1")),
+                send(Added, false),
+            ),
+            (
+                &web,
+                Modified,
+                obj("db", "n1"),
+                Some(obj("web", "n1")),
+                Some(Conversion::DeletedPrev),
+            ),
+            (&web, Modified, obj("db", "n1"), Some(obj("db", "n1")), None),
+            (
+                &all,
+                Modified,
+                obj("db", "n1"),
+                Some(obj("web", "n1")),
+                send(Modified, true),
+            ),
+            // the same by field: a pod scheduled onto, and moved off, the watched node
+            (
+                &n1,
+                Modified,
+                obj("web", "n1"),
+                Some(obj("web", "")),
+                send(Added, false),
+            ),
+            (
+                &n1,
+                Modified,
+                obj("web", "n2"),
+                Some(obj("web", "n1")),
+                Some(Conversion::DeletedPrev),
+            ),
+            (
+                &n1,
+                Modified,
+                obj("web", "n1"),
+                Some(obj("web", "n1")),
+                send(Modified, true),
+            ),
+            // an update with an unknown previous state is new to the watcher
+            (&web, Modified, obj("web", "n1"), None, send(Added, false)),
+            (&web, Modified, obj("db", "n1"), None, None),
+            // an addition over a known previous state (a relist) counts as an update
+            (
+                &web,
+                Added,
+                obj("web", "n1"),
+                Some(obj("web", "n1")),
+                send(Modified, false),
+            ),
+            (
+                &web,
+                Added,
+                obj("db", "n1"),
+                Some(obj("web", "n1")),
+                Some(Conversion::DeletedPrev),
+            ),
+            // deletions are judged on the previous state and send the deleted object
+            (
+                &web,
+                Deleted,
+                obj("web", "n1"),
+                Some(obj("web", "n1")),
+                send(Deleted, true),
+            ),
+            (
+                &web,
+                Deleted,
+                obj("db", "n1"),
+                Some(obj("web", "n1")),
+                send(Deleted, true),
+            ),
+            (&web, Deleted, obj("web", "n1"), Some(obj("db", "n1")), None),
+            (&web, Deleted, obj("db", "n1"), Some(obj("db", "n1")), None),
+            (
+                &all,
+                Deleted,
+                obj("db", "n1"),
+                Some(obj("db", "n1")),
+                send(Deleted, true),
+            ),
+            // ...or on the deleted object itself when the previous state is unknown
+            (&web, Deleted, obj("web", "n1"), None, send(Deleted, true)),
+            (&web, Deleted, obj("db", "n1"), None, None),
+            (&n1, Deleted, obj("web", "n1"), None, send(Deleted, true)),
+            (&n1, Deleted, obj("web", "n2"), None, None),
+            (&all, Deleted, obj("db", "n1"), None, send(Deleted, true)),
+        ];
+        for (f, kind, new, prev, want) in cases {
+            assert_eq!(
+                convert(f, kind, &new, prev.as_ref()),
+                want,
+                "{kind:?} new={new} prev={prev:?} filter={f:?}"
+            );
+        }
     }
 }

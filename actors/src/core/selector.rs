@@ -1,46 +1,63 @@
-//! Label and field selectors with kube-apiserver 1.20's grammar and per-resource field
-//! label support (`labels.Parse`, `fields.ParseSelector`, the registries' field sets).
+//! Label and field selectors parsed and evaluated as kube-apiserver 1.20 does
+//! (`labels.Parse`, `fields.ParseSelector` and the core registries' field labels).
+
+use std::collections::BTreeSet;
 
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-/// The most requirements one selector may carry: a hostile selector must not cost
-/// unbounded work per event.
+/// The most requirements one selector may carry. The API server has no limit, but every
+/// watcher evaluates its selector on every event of its key, so a hostile selector must
+/// not cost unbounded work per event.
 pub const MAX_REQUIREMENTS: usize = 100;
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum Error {
-    #[error("unable to parse requirement {0:?}")]
-    Unparsable(String),
-    #[error("invalid label key {0:?}: must be an optional DNS subdomain prefix and '/', then 63 or fewer alphanumerics, '-', '_' or '.', starting and ending alphanumeric")]
-    InvalidKey(String),
-    #[error("invalid label value {0:?}: must be 63 or fewer alphanumerics, '-', '_' or '.', starting and ending alphanumeric")]
-    InvalidValue(String),
+    /// Label selector grammar: a token where the grammar wants another. `found` is empty
+    /// at the end of the input, as in the API server's message.
+    #[error("found '{found}', expected: {expected}")]
+    Syntax {
+        found: String,
+        expected: &'static str,
+    },
+    #[error("invalid label key {key:?}: {reason}")]
+    InvalidKey { key: String, reason: &'static str },
+    #[error("invalid label value {value:?}: {reason}")]
+    InvalidValue { value: String, reason: &'static str },
     #[error("for 'in', 'notin' operators, values set can't be empty")]
     EmptySet,
     #[error("for 'Gt', 'Lt' operators, the value must be an integer: {0:?}")]
     NotInteger(String),
-    #[error("too many requirements (more than {MAX_REQUIREMENTS})")]
+    #[error("too many requirements: a selector may have at most {MAX_REQUIREMENTS}")]
     TooManyRequirements,
-    #[error(
-        "invalid field selector {0:?}: each term must be field=value, field==value or field!=value"
-    )]
-    InvalidFieldTerm(String),
-    /// The API server's exact message; a 400 BadRequest.
+    /// Field selector: a term with no `=`, `==` or `!=`.
+    #[error("can't understand {term:?}: expected field=value, field==value or field!=value")]
+    FieldTerm { term: String },
+    /// Field selector: a value with a bad escape or an unescaped `,` or `=`.
+    #[error("invalid value {value:?}: {reason}")]
+    Unescape { value: String, reason: &'static str },
+    /// The API server's exact message; the HTTP layer answers it with 400 BadRequest.
     #[error("field label not supported: {label}")]
     FieldLabelNotSupported { label: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+// ---------------------------------------------------------------------------------------
+// Label selectors
+// ---------------------------------------------------------------------------------------
+
+/// What one label requirement tests. Sets are ordered sets: lookups stay logarithmic
+/// however long a client makes an `in (...)` list, and duplicates collapse as in the API
+/// server's string sets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum LabelOp {
     Exists,
     NotExists,
     Eq(String),
     NotEq(String),
-    In(Vec<String>),
-    NotIn(Vec<String>),
+    In(BTreeSet<String>),
+    NotIn(BTreeSet<String>),
     Gt(i64),
     Lt(i64),
 }
@@ -51,170 +68,33 @@ struct LabelRequirement {
     op: LabelOp,
 }
 
-/// A parsed label selector; empty selects everything.
+impl LabelRequirement {
+    /// `value` is the object's label under `key`, `None` when it has no such label.
+    fn matches(&self, value: Option<&str>) -> bool {
+        match &self.op {
+            LabelOp::Exists => value.is_some(),
+            LabelOp::NotExists => value.is_none(),
+            LabelOp::Eq(want) => value == Some(want.as_str()),
+            // Negative operators hold for an object without the label at all: `app!=web`
+            // selects the unlabelled objects too.
+            LabelOp::NotEq(want) => value != Some(want.as_str()),
+            LabelOp::In(set) => value.is_some_and(|v| set.contains(v)),
+            LabelOp::NotIn(set) => value.is_none_or(|v| !set.contains(v)),
+            // A label that is absent or not an integer never compares.
+            LabelOp::Gt(n) => int_label(value).is_some_and(|v| v > *n),
+            LabelOp::Lt(n) => int_label(value).is_some_and(|v| v < *n),
+        }
+    }
+}
+
+fn int_label(value: Option<&str>) -> Option<i64> {
+    value.and_then(|v| v.parse().ok())
+}
+
+/// A parsed label selector; one without requirements selects everything.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LabelSelector {
     reqs: Vec<LabelRequirement>,
-}
-
-fn is_name_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.'
-}
-
-fn valid_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.chars().all(is_name_char)
-        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
-}
-
-fn valid_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|part| {
-            !part.is_empty()
-                && part
-                    .chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-                && !part.starts_with('-')
-                && !part.ends_with('-')
-        })
-}
-
-fn validate_key(k: &str) -> Result<()> {
-    let ok = match k.split_once('/') {
-        Some((prefix, name)) => valid_dns_subdomain(prefix) && valid_name(name),
-        None => valid_name(k),
-    };
-    ok.then_some(())
-        .ok_or_else(|| Error::InvalidKey(k.to_string()))
-}
-
-fn validate_value(v: &str) -> Result<()> {
-    (v.is_empty() || valid_name(v))
-        .then_some(())
-        .ok_or_else(|| Error::InvalidValue(v.to_string()))
-}
-
-/// Splits at top-level commas (commas inside `( )` belong to a set).
-fn split_terms(s: &str) -> Result<Vec<&str>> {
-    let mut terms = Vec::new();
-    let mut depth = 0i32;
-    let mut start = 0;
-    for (i, c) in s.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => {
-                depth -= 1;
-                if depth < 0 {
-                    return Err(Error::Unparsable(s.to_string()));
-                }
-            }
-            ',' if depth == 0 => {
-                terms.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    if depth != 0 {
-        return Err(Error::Unparsable(s.to_string()));
-    }
-    terms.push(&s[start..]);
-    Ok(terms)
-}
-
-fn parse_set(term: &str, rest: &str) -> Result<Vec<String>> {
-    let rest = rest.trim();
-    let inner = rest
-        .strip_prefix('(')
-        .and_then(|r| r.strip_suffix(')'))
-        .ok_or_else(|| Error::Unparsable(term.to_string()))?;
-    if inner.trim().is_empty() {
-        return Err(Error::EmptySet);
-    }
-    inner
-        .split(',')
-        .map(|v| {
-            let v = v.trim();
-            validate_value(v)?;
-            Ok(v.to_string())
-        })
-        .collect()
-}
-
-fn parse_label_term(term: &str) -> Result<LabelRequirement> {
-    let t = term.trim();
-    if t.is_empty() {
-        return Err(Error::Unparsable(term.to_string()));
-    }
-    if let Some(key) = t.strip_prefix('!') {
-        let key = key.trim();
-        validate_key(key)?;
-        return Ok(LabelRequirement {
-            key: key.to_string(),
-            op: LabelOp::NotExists,
-        });
-    }
-    // Operators made of symbols, longest first.
-    for (sym, kind) in [("==", 0), ("!=", 1), ("=", 0), (">", 2), ("<", 3)] {
-        if let Some(pos) = t.find(sym) {
-            let key = t[..pos].trim();
-            let value = t[pos + sym.len()..].trim();
-            validate_key(key)?;
-            let op = match kind {
-                0 | 1 => {
-                    validate_value(value)?;
-                    if kind == 0 {
-                        LabelOp::Eq(value.to_string())
-                    } else {
-                        LabelOp::NotEq(value.to_string())
-                    }
-                }
-                _ => {
-                    let n = value
-                        .parse::<i64>()
-                        .map_err(|_| Error::NotInteger(value.to_string()))?;
-                    if kind == 2 {
-                        LabelOp::Gt(n)
-                    } else {
-                        LabelOp::Lt(n)
-                    }
-                }
-            };
-            return Ok(LabelRequirement {
-                key: key.to_string(),
-                op,
-            });
-        }
-    }
-    // `key in (…)`, `key notin (…)`, or a bare `key`.
-    let mut words = t.splitn(2, char::is_whitespace);
-    let key = words.next().unwrap_or("").trim();
-    let rest = words.next().unwrap_or("").trim();
-    let key_only = key.split('(').next().unwrap_or(key);
-    if rest.is_empty() && !key.contains('(') {
-        validate_key(key)?;
-        return Ok(LabelRequirement {
-            key: key.to_string(),
-            op: LabelOp::Exists,
-        });
-    }
-    validate_key(key_only)?;
-    if let Some(set) = rest.strip_prefix("notin") {
-        return Ok(LabelRequirement {
-            key: key_only.to_string(),
-            op: LabelOp::NotIn(parse_set(term, set)?),
-        });
-    }
-    if let Some(set) = rest.strip_prefix("in") {
-        return Ok(LabelRequirement {
-            key: key_only.to_string(),
-            op: LabelOp::In(parse_set(term, set)?),
-        });
-    }
-    Err(Error::Unparsable(term.to_string()))
 }
 
 impl LabelSelector {
@@ -222,46 +102,421 @@ impl LabelSelector {
         Self::default()
     }
 
+    /// Parses `s` with `labels.Parse`'s grammar; empty or blank input selects everything.
     pub fn parse(s: &str) -> Result<Self> {
-        if s.trim().is_empty() {
-            return Ok(Self::everything());
+        let mut p = Parser::new(s);
+        let mut reqs = Vec::new();
+        loop {
+            match p.peek() {
+                Token::End => break,
+                Token::Ident(_) | Token::Not => {}
+                other => return Err(syntax(other, "!, identifier, or 'end of string'")),
+            }
+            // Checked before parsing the next requirement, so a long selector is refused
+            // after reading at most the allowed number of requirements.
+            if reqs.len() == MAX_REQUIREMENTS {
+                return Err(Error::TooManyRequirements);
+            }
+            reqs.push(p.requirement()?);
+            match p.next() {
+                Token::End => break,
+                // A trailing comma is an error, not an empty requirement.
+                Token::Comma => match p.peek() {
+                    Token::Ident(_) | Token::Not => {}
+                    other => return Err(syntax(other, "identifier after ','")),
+                },
+                other => return Err(syntax(other, "',' or 'end of string'")),
+            }
         }
-        let terms = split_terms(s)?;
-        if terms.len() > MAX_REQUIREMENTS {
-            return Err(Error::TooManyRequirements);
-        }
-        let reqs = terms
-            .into_iter()
-            .map(parse_label_term)
-            .collect::<Result<Vec<_>>>()?;
-        Ok(LabelSelector { reqs })
+        Ok(Self { reqs })
     }
 
     pub fn is_empty(&self) -> bool {
         self.reqs.is_empty()
     }
 
+    /// `labels` is the object's `metadata.labels` (`None` when it has none). A label whose
+    /// value is not a string counts as absent: no valid object carries one.
     pub fn matches(&self, labels: Option<&Map<String, Value>>) -> bool {
         self.reqs.iter().all(|r| {
-            let v = labels.and_then(|l| l.get(&r.key)).and_then(Value::as_str);
-            match &r.op {
-                LabelOp::Exists => v.is_some(),
-                LabelOp::NotExists => v.is_none(),
-                LabelOp::Eq(want) => v == Some(want.as_str()),
-                // As labels.Requirement.Matches: != and notin match an absent label.
-                LabelOp::NotEq(want) => v != Some(want.as_str()),
-                LabelOp::In(set) => v.is_some_and(|v| set.iter().any(|s| s == v)),
-                LabelOp::NotIn(set) => v.is_none_or(|v| !set.iter().any(|s| s == v)),
-                LabelOp::Gt(n) => v
-                    .and_then(|v| v.parse::<i64>().ok())
-                    .is_some_and(|x| x > *n),
-                LabelOp::Lt(n) => v
-                    .and_then(|v| v.parse::<i64>().ok())
-                    .is_some_and(|x| x < *n),
-            }
+            let value = labels.and_then(|l| l.get(&r.key)).and_then(Value::as_str);
+            r.matches(value)
         })
     }
 }
+
+/// One lexical token of a label selector. Keywords (`in`, `notin`) stay identifiers: the
+/// API server reads them as keywords only where an operator is expected, so `in=notin`
+/// is a valid requirement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Token<'a> {
+    End,
+    Ident(&'a [u8]),
+    Not,
+    Eq,
+    DoubleEq,
+    NotEq,
+    Gt,
+    Lt,
+    Open,
+    Close,
+    Comma,
+}
+
+impl Token<'_> {
+    fn literal(&self) -> String {
+        match self {
+            Token::End => String::new(),
+            Token::Ident(b) => String::from_utf8_lossy(b).into_owned(),
+            Token::Not => "!".into(),
+            Token::Eq => "=".into(),
+            Token::DoubleEq => "==".into(),
+            Token::NotEq => "!=".into(),
+            Token::Gt => ">".into(),
+            Token::Lt => "<".into(),
+            Token::Open => "(".into(),
+            Token::Close => ")".into(),
+            Token::Comma => ",".into(),
+        }
+    }
+}
+
+fn syntax(found: Token<'_>, expected: &'static str) -> Error {
+    Error::Syntax {
+        found: found.literal(),
+        expected,
+    }
+}
+
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\r' | b'\n')
+}
+
+fn symbol(b: u8) -> Option<Token<'static>> {
+    Some(match b {
+        b'!' => Token::Not,
+        b'=' => Token::Eq,
+        b'>' => Token::Gt,
+        b'<' => Token::Lt,
+        b'(' => Token::Open,
+        b')' => Token::Close,
+        b',' => Token::Comma,
+        _ => return None,
+    })
+}
+
+/// Splits a label selector into tokens byte by byte, as the API server's lexer: any run
+/// of bytes that are neither whitespace nor one of `!=<>(),` is an identifier (validation
+/// comes later), and symbols combine greedily into `!=` and `==`.
+struct Lexer<'a> {
+    src: &'a [u8],
+    pos: usize,
+    done: bool,
+}
+
+impl<'a> Lexer<'a> {
+    fn new(s: &'a str) -> Self {
+        Lexer {
+            src: s.as_bytes(),
+            pos: 0,
+            done: false,
+        }
+    }
+
+    /// The next byte, or 0 past the end. A NUL byte also reads as 0, because the API
+    /// server's lexer uses that convention and so treats a NUL where a token would start
+    /// as the end of the selector; a NUL right after a token just ends that token.
+    fn read(&mut self) -> u8 {
+        match self.src.get(self.pos) {
+            Some(&b) => {
+                self.pos += 1;
+                b
+            }
+            None => 0,
+        }
+    }
+
+    fn unread(&mut self) {
+        self.pos = self.pos.saturating_sub(1);
+    }
+
+    fn next_token(&mut self) -> Token<'a> {
+        // Once the end is seen nothing after it is lexed, even past a NUL.
+        if self.done {
+            return Token::End;
+        }
+        let mut b = self.read();
+        while is_space(b) {
+            b = self.read();
+        }
+        if b == 0 {
+            self.done = true;
+            return Token::End;
+        }
+        if let Some(single) = symbol(b) {
+            let next = self.read();
+            let pair = match (b, next) {
+                (b'!', b'=') => Some(Token::NotEq),
+                (b'=', b'=') => Some(Token::DoubleEq),
+                _ => None,
+            };
+            let tok = match pair {
+                Some(pair) => {
+                    // No three symbols form a token; the third is looked at and put back.
+                    let third = self.read();
+                    if third != 0 {
+                        self.unread();
+                    }
+                    pair
+                }
+                None => {
+                    if next != 0 {
+                        self.unread();
+                    }
+                    single
+                }
+            };
+            return tok;
+        }
+        let start = self.pos - 1;
+        loop {
+            let end = self.pos;
+            let b = self.read();
+            if b == 0 {
+                return Token::Ident(&self.src[start..end]);
+            }
+            if is_space(b) || symbol(b).is_some() {
+                self.unread();
+                return Token::Ident(&self.src[start..end]);
+            }
+        }
+    }
+}
+
+/// A recursive-descent parser over [`Lexer`] with one token of lookahead.
+struct Parser<'a> {
+    lexer: Lexer<'a>,
+    peeked: Option<Token<'a>>,
+}
+
+impl<'a> Parser<'a> {
+    fn new(s: &'a str) -> Self {
+        Parser {
+            lexer: Lexer::new(s),
+            peeked: None,
+        }
+    }
+
+    fn peek(&mut self) -> Token<'a> {
+        match self.peeked {
+            Some(t) => t,
+            None => {
+                let t = self.lexer.next_token();
+                self.peeked = Some(t);
+                t
+            }
+        }
+    }
+
+    fn next(&mut self) -> Token<'a> {
+        match self.peeked.take() {
+            Some(t) => t,
+            None => self.lexer.next_token(),
+        }
+    }
+
+    /// `[!]key`, or `key op value(s)`.
+    fn requirement(&mut self) -> Result<LabelRequirement> {
+        let mut tok = self.next();
+        let negated = tok == Token::Not;
+        if negated {
+            tok = self.next();
+        }
+        let Token::Ident(raw_key) = tok else {
+            return Err(syntax(tok, "identifier"));
+        };
+        let key = validate_key(raw_key)?;
+        if negated {
+            // `!key` takes no operator; anything after it fails in the caller, which
+            // wants a ',' or the end.
+            return Ok(LabelRequirement {
+                key,
+                op: LabelOp::NotExists,
+            });
+        }
+        if matches!(self.peek(), Token::End | Token::Comma) {
+            return Ok(LabelRequirement {
+                key,
+                op: LabelOp::Exists,
+            });
+        }
+        let op_tok = self.next();
+        let op = match op_tok {
+            Token::Eq | Token::DoubleEq => LabelOp::Eq(validate_value(self.exact_value()?)?),
+            Token::NotEq => LabelOp::NotEq(validate_value(self.exact_value()?)?),
+            Token::Gt => LabelOp::Gt(integer(self.exact_value()?)?),
+            Token::Lt => LabelOp::Lt(integer(self.exact_value()?)?),
+            Token::Ident(b"in") => LabelOp::In(self.value_set()?),
+            Token::Ident(b"notin") => LabelOp::NotIn(self.value_set()?),
+            other => return Err(syntax(other, "=, ==, !=, in, notin, >, <")),
+        };
+        Ok(LabelRequirement { key, op })
+    }
+
+    /// The value after `=`, `==`, `!=`, `>` or `<`; nothing before a ',' or the end is the
+    /// empty value (`app=` selects objects whose `app` label is empty).
+    fn exact_value(&mut self) -> Result<&'a [u8]> {
+        if matches!(self.peek(), Token::End | Token::Comma) {
+            return Ok(b"");
+        }
+        match self.next() {
+            Token::Ident(v) => Ok(v),
+            other => Err(syntax(other, "identifier")),
+        }
+    }
+
+    /// `( v1, v2, ... )`. Empty members are the empty value: `(a,)`, `(,a)` and `(a,,b)`
+    /// all hold "" as the API server reads them.
+    fn value_set(&mut self) -> Result<BTreeSet<String>> {
+        match self.next() {
+            Token::Open => {}
+            other => return Err(syntax(other, "'('")),
+        }
+        match self.peek() {
+            Token::Ident(_) | Token::Comma => {}
+            // `in ()` has no values at all. (A 1.20 API server reads it as `in ("")`;
+            // kcache refuses it as the NewRequirement rule "values set can't be empty".)
+            Token::Close => return Err(Error::EmptySet),
+            other => return Err(syntax(other, "',', ')' or identifier")),
+        }
+        // Raw members first: as in the API server, a syntax error anywhere in the list is
+        // reported before an invalid value.
+        let mut raw: Vec<&[u8]> = Vec::new();
+        loop {
+            match self.next() {
+                Token::Ident(v) => {
+                    raw.push(v);
+                    match self.peek() {
+                        Token::Comma => {}
+                        Token::Close => break,
+                        other => return Err(syntax(other, "',' or ')'")),
+                    }
+                }
+                Token::Comma => {
+                    if raw.is_empty() {
+                        raw.push(b"");
+                    }
+                    match self.peek() {
+                        Token::Close => {
+                            raw.push(b"");
+                            break;
+                        }
+                        Token::Comma => {
+                            self.next();
+                            raw.push(b"");
+                        }
+                        _ => {}
+                    }
+                }
+                other => return Err(syntax(other, "',', or identifier")),
+            }
+        }
+        match self.next() {
+            Token::Close => {}
+            other => return Err(syntax(other, "')'")),
+        }
+        raw.into_iter().map(validate_value).collect()
+    }
+}
+
+/// `>`/`<` operands: a decimal i64 that is also a valid label value, so `-1` is refused
+/// (it does not start alphanumeric) exactly as the API server refuses it.
+fn integer(raw: &[u8]) -> Result<i64> {
+    let n = std::str::from_utf8(raw)
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or_else(|| Error::NotInteger(String::from_utf8_lossy(raw).into_owned()))?;
+    validate_value(raw)?;
+    Ok(n)
+}
+
+const NAME_CHARS: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
+
+/// The name part of a key, and any non-empty value: at most 63 of `[A-Za-z0-9._-]`,
+/// starting and ending alphanumeric.
+fn check_name(b: &[u8]) -> Result<(), &'static str> {
+    if b.len() > 63 {
+        return Err("must be no more than 63 characters");
+    }
+    let inner_ok = b
+        .iter()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'));
+    let ends_ok = b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric);
+    if inner_ok && ends_ok {
+        Ok(())
+    } else {
+        Err(NAME_CHARS)
+    }
+}
+
+/// An RFC 1123 subdomain: at most 253 characters, dot-separated non-empty labels of
+/// `[a-z0-9-]` that start and end alphanumeric.
+fn is_dns_subdomain(b: &[u8]) -> bool {
+    b.len() <= 253
+        && b.split(|&c| c == b'.').all(|label| {
+            label
+                .iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+                && label.first().is_some_and(u8::is_ascii_alphanumeric)
+                && label.last().is_some_and(u8::is_ascii_alphanumeric)
+        })
+}
+
+/// A qualified name: `[prefix/]name` with a DNS-subdomain prefix.
+fn validate_key(raw: &[u8]) -> Result<String> {
+    let invalid = |reason| Error::InvalidKey {
+        key: String::from_utf8_lossy(raw).into_owned(),
+        reason,
+    };
+    let mut parts = raw.splitn(3, |&c| c == b'/');
+    let (prefix, name) = match (parts.next(), parts.next(), parts.next()) {
+        (Some(name), None, None) => (None, name),
+        (Some(prefix), Some(name), None) => (Some(prefix), name),
+        _ => return Err(invalid("may contain at most one '/'")),
+    };
+    if let Some(prefix) = prefix {
+        if prefix.is_empty() {
+            return Err(invalid("the prefix before '/' must be non-empty"));
+        }
+        if !is_dns_subdomain(prefix) {
+            return Err(invalid(
+                "the prefix before '/' must be a lowercase RFC 1123 subdomain",
+            ));
+        }
+    }
+    if name.is_empty() {
+        return Err(invalid("the name part must be non-empty"));
+    }
+    check_name(name).map_err(invalid)?;
+    // Valid keys are ASCII, so the conversion is exact.
+    Ok(String::from_utf8_lossy(raw).into_owned())
+}
+
+/// A label value: empty, or a valid name.
+fn validate_value(raw: &[u8]) -> Result<String> {
+    if !raw.is_empty() {
+        check_name(raw).map_err(|reason| Error::InvalidValue {
+            value: String::from_utf8_lossy(raw).into_owned(),
+            reason,
+        })?;
+    }
+    Ok(String::from_utf8_lossy(raw).into_owned())
+}
+
+// ---------------------------------------------------------------------------------------
+// Field selectors
+// ---------------------------------------------------------------------------------------
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FieldOp {
@@ -276,113 +531,148 @@ pub struct FieldRequirement {
     pub value: String,
 }
 
-/// A parsed field selector; empty selects everything.
+/// A parsed field selector; one without requirements selects everything.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct FieldSelector {
     reqs: Vec<FieldRequirement>,
 }
 
-/// Splits at commas not escaped with a backslash (`fields.ParseSelector` escaping).
-fn split_unescaped(s: &str, sep: char) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\\' {
-            cur.push(c);
-            if let Some(n) = chars.next() {
-                cur.push(n);
-            }
-        } else if c == sep {
-            out.push(std::mem::take(&mut cur));
-        } else {
-            cur.push(c);
+/// Splits at commas not escaped by a backslash, dropping empty terms (the API server
+/// skips them: `a=b,` and `,` are valid). Fails once there are more terms than allowed,
+/// before any is parsed.
+fn split_terms(s: &str) -> Result<Vec<&str>> {
+    fn keep<'s>(terms: &mut Vec<&'s str>, term: &'s str) -> Result<()> {
+        if term.is_empty() {
+            return Ok(());
+        }
+        if terms.len() == MAX_REQUIREMENTS {
+            return Err(Error::TooManyRequirements);
+        }
+        terms.push(term);
+        Ok(())
+    }
+    let mut terms = Vec::new();
+    let mut start = 0;
+    let mut escaped = false;
+    for (i, c) in s.char_indices() {
+        if escaped {
+            escaped = false;
+        } else if c == '\\' {
+            escaped = true;
+        } else if c == ',' {
+            keep(&mut terms, &s[start..i])?;
+            start = i + 1;
         }
     }
-    out.push(cur);
-    out
+    keep(&mut terms, &s[start..])?;
+    Ok(terms)
 }
 
-fn unescape(s: &str) -> Result<String> {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\\' {
-            match chars.next() {
-                Some(n @ ('\\' | ',' | '=')) => out.push(n),
-                _ => return Err(Error::InvalidFieldTerm(s.to_string())),
+/// `field op value`, split at the first operator anywhere in the term (escapes count only
+/// in the value, as in the API server). The field is taken verbatim, spaces and all: a
+/// misspelt field fails later as an unsupported label.
+fn parse_term(term: &str) -> Result<FieldRequirement> {
+    for (i, _) in term.char_indices() {
+        let rest = &term[i..];
+        for (sym, op) in [
+            ("!=", FieldOp::NotEq),
+            ("==", FieldOp::Eq),
+            ("=", FieldOp::Eq),
+        ] {
+            if let Some(value) = rest.strip_prefix(sym) {
+                return Ok(FieldRequirement {
+                    field: term[..i].to_string(),
+                    op,
+                    value: unescape(value)?,
+                });
             }
-        } else {
-            out.push(c);
+        }
+    }
+    Err(Error::FieldTerm {
+        term: term.to_string(),
+    })
+}
+
+/// Undoes `\\`, `\,` and `\=`; any other escape, a trailing backslash, or a bare `,` or
+/// `=` in a value is an error, so every value has exactly one spelling.
+fn unescape(value: &str) -> Result<String> {
+    let fail = |reason| Error::Unescape {
+        value: value.to_string(),
+        reason,
+    };
+    let mut out = String::with_capacity(value.len());
+    let mut chars = value.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(e @ ('\\' | ',' | '=')) => out.push(e),
+                Some(_) => {
+                    return Err(fail(
+                        "invalid escape sequence (only \\\\, \\, and \\= are allowed)",
+                    ))
+                }
+                None => return Err(fail("ends with an unfinished escape '\\'")),
+            },
+            ',' | '=' => return Err(fail("',' and '=' must be escaped with '\\'")),
+            c => out.push(c),
         }
     }
     Ok(out)
 }
 
-/// Finds the first unescaped occurrence of `op` in `term`. Walks characters, not bytes:
-/// a selector is client input and may hold any UTF-8.
-fn find_unescaped(term: &str, op: &str) -> Option<usize> {
-    let mut escaped = false;
-    for (i, c) in term.char_indices() {
-        if escaped {
-            escaped = false;
-        } else if c == '\\' {
-            escaped = true;
-        } else if term[i..].starts_with(op) {
-            return Some(i);
-        }
-    }
-    None
-}
-
-fn parse_field_term(term: &str) -> Result<FieldRequirement> {
-    for (sym, op) in [
-        ("!=", FieldOp::NotEq),
-        ("==", FieldOp::Eq),
-        ("=", FieldOp::Eq),
-    ] {
-        if let Some(pos) = find_unescaped(term, sym) {
-            let field = term[..pos].trim();
-            if field.is_empty() {
-                return Err(Error::InvalidFieldTerm(term.to_string()));
-            }
-            return Ok(FieldRequirement {
-                field: field.to_string(),
-                op,
-                value: unescape(&term[pos + sym.len()..])?,
-            });
-        }
-    }
-    Err(Error::InvalidFieldTerm(term.to_string()))
-}
-
-/// The JSON path of a supported field label.
-fn field_path(field: &str) -> Option<&'static [&'static str]> {
-    Some(match field {
-        "metadata.name" => &["metadata", "name"],
-        "metadata.namespace" => &["metadata", "namespace"],
-        "spec.nodeName" => &["spec", "nodeName"],
-        "spec.restartPolicy" => &["spec", "restartPolicy"],
-        "spec.schedulerName" => &["spec", "schedulerName"],
-        "spec.serviceAccountName" => &["spec", "serviceAccountName"],
-        "status.phase" => &["status", "phase"],
-        "status.podIP" => &["status", "podIP"],
-        "status.nominatedNodeName" => &["status", "nominatedNodeName"],
-        "type" => &["type"],
-        _ => return None,
-    })
-}
-
-/// The value of `field` in `obj`; "" when missing, as the API server's field sets hold
-/// empty strings for unset fields.
+/// The value of `field` in `obj`, or "" when the object lacks it: the API server compares
+/// against field sets that hold "" for every unset field. Labels outside the supported
+/// set read as "" too (validation refuses them before any evaluation).
 pub fn field_value<'a>(obj: &'a Value, field: &str) -> &'a str {
-    let Some(path) = field_path(field) else {
-        return "";
-    };
-    path.iter()
-        .try_fold(obj, |v, p| v.get(p))
-        .and_then(Value::as_str)
-        .unwrap_or("")
+    let at = |pointer: &str| obj.pointer(pointer).and_then(Value::as_str);
+    let or_empty = |v: Option<&'a str>| v.unwrap_or("");
+    match field {
+        "metadata.name" => or_empty(at("/metadata/name")),
+        "metadata.namespace" => or_empty(at("/metadata/namespace")),
+        "spec.nodeName" => or_empty(at("/spec/nodeName")),
+        "spec.restartPolicy" => or_empty(at("/spec/restartPolicy")),
+        "spec.schedulerName" => or_empty(at("/spec/schedulerName")),
+        // The API server reads the internal pod, whose conversion falls back to the
+        // deprecated `serviceAccount` when `serviceAccountName` is unset.
+        "spec.serviceAccountName" => or_empty(
+            at("/spec/serviceAccountName")
+                .filter(|v| !v.is_empty())
+                .or_else(|| at("/spec/serviceAccount")),
+        ),
+        "status.phase" => or_empty(at("/status/phase")),
+        // Likewise the internal pod keeps only `podIPs`, whose first entry is `podIP`
+        // when that is set and `podIPs[0].ip` otherwise.
+        "status.podIP" => or_empty(
+            at("/status/podIP")
+                .filter(|v| !v.is_empty())
+                .or_else(|| at("/status/podIPs/0/ip")),
+        ),
+        "status.nominatedNodeName" => or_empty(at("/status/nominatedNodeName")),
+        "type" => or_empty(at("/type")),
+        _ => "",
+    }
+}
+
+/// Whether kube-apiserver 1.20 lets `label` select `group`/`resource`.
+fn supports_label(group: &str, resource: &str, label: &str) -> bool {
+    if matches!(label, "metadata.name" | "metadata.namespace") {
+        return true;
+    }
+    match (group, resource) {
+        ("", "pods") => matches!(
+            label,
+            "spec.nodeName"
+                | "spec.restartPolicy"
+                | "spec.schedulerName"
+                | "spec.serviceAccountName"
+                | "status.phase"
+                | "status.podIP"
+                | "status.nominatedNodeName"
+        ),
+        ("", "secrets") => label == "type",
+        ("", "namespaces") => label == "status.phase",
+        _ => false,
+    }
 }
 
 impl FieldSelector {
@@ -390,19 +680,20 @@ impl FieldSelector {
         Self::default()
     }
 
+    /// Parses `s` as `fields.ParseSelector`: comma-separated `f=v`, `f==v`, `f!=v`, with
+    /// `\,`, `\=` and `\\` escapes in values. Only "" selects everything; the input is not
+    /// trimmed, so blank input is an unparsable term, as upstream.
     pub fn parse(s: &str) -> Result<Self> {
-        if s.trim().is_empty() {
-            return Ok(Self::everything());
-        }
-        let terms = split_unescaped(s, ',');
-        if terms.len() > MAX_REQUIREMENTS {
-            return Err(Error::TooManyRequirements);
-        }
+        let mut terms = split_terms(s)?;
+        // The API server sorts the raw terms; keeping its order makes `equality_value`
+        // pick the same term as its `RequiresExactMatch` (which the request's
+        // authorization name comes from) and `validate_for` report the same label.
+        terms.sort_unstable();
         let reqs = terms
-            .iter()
-            .map(|t| parse_field_term(t))
+            .into_iter()
+            .map(parse_term)
             .collect::<Result<Vec<_>>>()?;
-        Ok(FieldSelector { reqs })
+        Ok(Self { reqs })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -413,47 +704,38 @@ impl FieldSelector {
         &self.reqs
     }
 
+    /// The value of the first `field=value` (or `==`) requirement on `field`. Any such
+    /// value is a sound routing key: the selector is a conjunction, so every object it
+    /// selects has that value.
     pub fn equality_value(&self, field: &str) -> Option<&str> {
         self.reqs
             .iter()
-            .find(|r| r.field == field && r.op == FieldOp::Eq)
+            .find(|r| r.op == FieldOp::Eq && r.field == field)
             .map(|r| r.value.as_str())
     }
 
+    /// Refuses the first field label (in the API server's order) that kube-apiserver 1.20
+    /// does not support for this core resource: everything takes `metadata.name` and
+    /// `metadata.namespace`; pods, secrets and namespaces take a few more.
     pub fn validate_for(&self, group: &str, resource: &str) -> Result<()> {
-        for r in &self.reqs {
-            let extra: &[&str] = match (group, resource) {
-                ("", "pods") => &[
-                    "spec.nodeName",
-                    "spec.restartPolicy",
-                    "spec.schedulerName",
-                    "spec.serviceAccountName",
-                    "status.phase",
-                    "status.podIP",
-                    "status.nominatedNodeName",
-                ],
-                ("", "secrets") => &["type"],
-                ("", "namespaces") => &["status.phase"],
-                _ => &[],
-            };
-            let ok = r.field == "metadata.name"
-                || r.field == "metadata.namespace"
-                || extra.contains(&r.field.as_str());
-            if !ok {
-                return Err(Error::FieldLabelNotSupported {
-                    label: r.field.clone(),
-                });
-            }
+        match self
+            .reqs
+            .iter()
+            .find(|r| !supports_label(group, resource, &r.field))
+        {
+            Some(r) => Err(Error::FieldLabelNotSupported {
+                label: r.field.clone(),
+            }),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     pub fn matches(&self, obj: &Value) -> bool {
         self.reqs.iter().all(|r| {
-            let v = field_value(obj, &r.field);
+            let have = field_value(obj, &r.field);
             match r.op {
-                FieldOp::Eq => v == r.value,
-                FieldOp::NotEq => v != r.value,
+                FieldOp::Eq => have == r.value,
+                FieldOp::NotEq => have != r.value,
             }
         })
     }
@@ -464,157 +746,572 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn labels(v: Value) -> Map<String, Value> {
-        v.as_object().cloned().unwrap_or_default()
+    fn object(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        }
+    }
+
+    fn variant(e: &Error) -> &'static str {
+        match e {
+            Error::Syntax { .. } => "Syntax",
+            Error::InvalidKey { .. } => "InvalidKey",
+            Error::InvalidValue { .. } => "InvalidValue",
+            Error::EmptySet => "EmptySet",
+            Error::NotInteger(_) => "NotInteger",
+            Error::TooManyRequirements => "TooManyRequirements",
+            Error::FieldTerm { .. } => "FieldTerm",
+            Error::Unescape { .. } => "Unescape",
+            Error::FieldLabelNotSupported { .. } => "FieldLabelNotSupported",
+        }
     }
 
     #[test]
-    fn label_grammar_and_matching() {
-        let l = labels(json!({"app": "web", "tier": "front", "n": "5"}));
-        let cases = [
+    fn label_selectors_match_as_upstream() {
+        let labels = object(json!({
+            "app": "web", "tier": "front", "n": "5", "neg": "-3", "empty": "",
+            "example.com/team": "a", "text": "five"
+        }));
+        let cases: &[(&str, bool)] = &[
             ("", true),
+            ("   \t\n", true),
+            // exists / does not exist
             ("app", true),
+            ("missing", false),
             ("!app", false),
             ("!missing", true),
+            ("! missing", true),
+            ("example.com/team", true),
+            ("!example.com/team", false),
+            // equality
             ("app=web", true),
             ("app==web", true),
             ("app = web", true),
+            ("  app  ==  web  ", true),
+            ("app=api", false),
             ("app!=web", false),
+            ("app!=api", true),
+            ("missing=x", false),
             ("missing!=x", true),
+            ("empty=", true),
+            ("empty==", true),
+            ("app=", false),
+            ("missing=", false),
+            ("empty!=", false),
+            ("missing!=", true),
+            ("example.com/team=a", true),
+            // sets
             ("app in (web, api)", true),
             ("app in (api)", false),
-            ("app notin (api)", true),
-            ("missing notin (api)", true),
-            ("missing in (api)", false),
-            ("app=web,tier=front", true),
-            ("app=web,tier=back", false),
+            ("app in(web)", true),
+            ("app in ( web )", true),
+            ("app notin (api, db)", true),
+            ("app notin (web)", false),
+            ("missing in (x)", false),
+            ("missing notin (x)", true),
+            ("empty in (,)", true),
+            ("empty in (x,)", true),
+            ("empty in (,x)", true),
+            ("app in (x,,web)", true),
+            ("app in (web,web)", true),
+            ("empty notin (x)", true),
+            ("in in (x)", false),
+            ("app in (in, notin, web)", true),
+            // numeric comparisons
             ("n>4", true),
+            ("n>5", false),
+            ("n<6", true),
             ("n<5", false),
+            ("n > 4", true),
+            ("neg<0", true),
+            ("neg>0", false),
+            ("text>0", false),
+            ("text<9", false),
             ("missing>1", false),
-            ("example.com/app", false),
+            ("missing<1", false),
+            // conjunctions
+            ("app=web,tier=front", true),
+            ("app=web, tier=back", false),
+            ("app,!missing,n>1,tier in (front)", true),
+            ("app=web,missing", false),
+            // a NUL where a token starts ends the selector
+            ("app=web \0garbage", true),
+        ];
+        for &(sel, want) in cases {
+            let s = LabelSelector::parse(sel).unwrap_or_else(|e| panic!("{sel:?}: {e}"));
+            assert_eq!(s.matches(Some(&labels)), want, "{sel:?}");
+        }
+    }
+
+    #[test]
+    fn label_selectors_on_objects_without_labels() {
+        let cases: &[(&str, bool)] = &[
+            ("", true),
+            ("app", false),
+            ("!app", true),
+            ("app=web", false),
             ("app=", false),
+            ("app!=web", true),
+            ("app in (web)", false),
+            ("app notin (web)", true),
+            ("app>1", false),
+            ("app<1", false),
+            ("!a,!b,c!=d,e notin (f)", true),
+        ];
+        let no_labels = Map::new();
+        for &(sel, want) in cases {
+            let s = LabelSelector::parse(sel).unwrap_or_else(|e| panic!("{sel:?}: {e}"));
+            assert_eq!(s.matches(None), want, "{sel:?} on None");
+            assert_eq!(s.matches(Some(&no_labels)), want, "{sel:?} on {{}}");
+        }
+        // A label that is not a string is no label.
+        let odd = object(json!({"app": 5}));
+        assert!(!LabelSelector::parse("app")
+            .expect("parse")
+            .matches(Some(&odd)));
+        assert!(LabelSelector::parse("app!=5")
+            .expect("parse")
+            .matches(Some(&odd)));
+    }
+
+    #[test]
+    fn label_selector_errors() {
+        let long = "a".repeat(64);
+        let long_key = format!("{long}=x");
+        let long_value = format!("a={long}");
+        let long_prefix = format!("{}/a", "a".repeat(254));
+        let cases: &[(&str, &str)] = &[
+            (",", "Syntax"),
+            ("a=b,", "Syntax"),
+            (",a=b", "Syntax"),
+            ("a=b,,c=d", "Syntax"),
+            ("=b", "Syntax"),
+            ("==", "Syntax"),
+            ("!=a", "Syntax"),
+            ("!!x", "Syntax"),
+            ("!", "Syntax"),
+            ("!x=a", "Syntax"),
+            ("!x in (a)", "Syntax"),
+            ("a=b c", "Syntax"),
+            ("a b", "Syntax"),
+            ("a==b==c", "Syntax"),
+            ("a=!b", "Syntax"),
+            ("a=(b)", "Syntax"),
+            ("a!==b", "Syntax"),
+            ("a foo (b)", "Syntax"),
+            ("a in", "Syntax"),
+            ("a in b", "Syntax"),
+            ("a in (", "Syntax"),
+            ("a in (b", "Syntax"),
+            ("a in (b c)", "Syntax"),
+            ("a in (b))", "Syntax"),
+            ("a notin", "Syntax"),
+            ("a in ((b))", "Syntax"),
+            ("x=a||y=b", "InvalidValue"),
+            ("app=web\0garbage", "Syntax"),
+            ("a in ()", "EmptySet"),
+            ("a notin ( )", "EmptySet"),
+            ("-a=b", "InvalidKey"),
+            ("a-=b", "InvalidKey"),
+            ("a b=c", "Syntax"),
+            ("Bad_Prefix.com/a=b", "InvalidKey"),
+            ("/a=b", "InvalidKey"),
+            ("a/=b", "InvalidKey"),
+            ("a/b/c=d", "InvalidKey"),
+            ("ex..com/a", "InvalidKey"),
+            ("-ex.com/a", "InvalidKey"),
+            ("é=x", "InvalidKey"),
+            (&long_key, "InvalidKey"),
+            (&long_prefix, "InvalidKey"),
+            ("a=-b", "InvalidValue"),
+            ("a=b-", "InvalidValue"),
+            ("a=b/c", "InvalidValue"),
+            ("a=é", "InvalidValue"),
+            (&long_value, "InvalidValue"),
+            ("a in (b, -c)", "InvalidValue"),
+            ("a>x", "NotInteger"),
+            ("a>", "NotInteger"),
+            ("a<1.5", "NotInteger"),
+            ("a>99999999999999999999", "NotInteger"),
+            // an integer that is not a valid label value
+            ("a>-1", "InvalidValue"),
+            ("a<+1", "InvalidValue"),
+        ];
+        for &(sel, want) in cases {
+            match LabelSelector::parse(sel) {
+                Ok(s) => panic!("{sel:?} parsed as {s:?}, want {want}"),
+                Err(e) => assert_eq!(variant(&e), want, "{sel:?}: {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn label_keys_and_values_that_parse() {
+        let max_name = "a".repeat(63);
+        let subdomain = format!("{}.com", "a".repeat(249));
+        let cases: Vec<String> = vec![
+            "a".into(),
+            "A_b.c-9".into(),
+            "9".into(),
+            "example.com/a".into(),
+            "a-b.example.com/Name_1".into(),
+            "in=notin".into(),
+            "notin in (in)".into(),
+            format!("{max_name}={max_name}"),
+            format!("{subdomain}/a"),
+            "a=B.c_d-9".into(),
+            "a>0".into(),
+            "a<10".into(),
+            "a>007".into(),
+        ];
+        for sel in &cases {
+            assert!(LabelSelector::parse(sel).is_ok(), "{sel:?}");
+        }
+    }
+
+    #[test]
+    fn requirement_counts_are_capped() {
+        let cases: &[(usize, bool)] = &[
+            (1, true),
+            (MAX_REQUIREMENTS, true),
+            (MAX_REQUIREMENTS + 1, false),
+            (10_000, false),
+        ];
+        for &(n, ok) in cases {
+            let labels = vec!["a=b"; n].join(",");
+            let fields = vec!["metadata.name=b"; n].join(",");
+            for (what, got) in [
+                ("label", LabelSelector::parse(&labels).err()),
+                ("field", FieldSelector::parse(&fields).err()),
+            ] {
+                let want = (!ok).then_some(Error::TooManyRequirements);
+                assert_eq!(got, want, "{what} selector with {n} requirements");
+            }
+        }
+        // Empty field terms do not count.
+        let sparse = format!("{},metadata.name=b", ",".repeat(500));
+        assert!(FieldSelector::parse(&sparse).is_ok());
+    }
+
+    fn req(field: &str, op: FieldOp, value: &str) -> FieldRequirement {
+        FieldRequirement {
+            field: field.into(),
+            op,
+            value: value.into(),
+        }
+    }
+
+    #[test]
+    fn field_selectors_parse_as_upstream() {
+        use FieldOp::{Eq, NotEq};
+        let cases: Vec<(&str, Vec<FieldRequirement>)> = vec![
+            ("", vec![]),
+            (",", vec![]),
+            (",,", vec![]),
+            ("a=b", vec![req("a", Eq, "b")]),
+            ("a==b", vec![req("a", Eq, "b")]),
+            ("a!=b", vec![req("a", NotEq, "b")]),
+            ("a=", vec![req("a", Eq, "")]),
+            ("a!=", vec![req("a", NotEq, "")]),
+            ("=b", vec![req("", Eq, "b")]),
+            ("a=b,", vec![req("a", Eq, "b")]),
+            ("a=!b", vec![req("a", Eq, "!b")]),
+            (" a = b ", vec![req(" a ", Eq, " b ")]),
+            ("a=b\\,c", vec![req("a", Eq, "b,c")]),
+            ("a=b\\=c", vec![req("a", Eq, "b=c")]),
+            ("a=b\\\\c", vec![req("a", Eq, "b\\c")]),
+            ("a=b\\\\,c=d", vec![req("a", Eq, "b\\"), req("c", Eq, "d")]),
+            ("a=\\,,b=\\=", vec![req("a", Eq, ","), req("b", Eq, "=")]),
+            ("Ѩ🃎=x", vec![req("Ѩ🃎", Eq, "x")]),
+            ("a\\=b", vec![req("a\\", Eq, "b")]),
+            ("a=Ѩ🃎", vec![req("a", Eq, "Ѩ🃎")]),
+            // terms come back in the API server's (sorted) order
+            (
+                "spec.nodeName=n1,metadata.name!=x,metadata.name=b,metadata.name=a",
+                vec![
+                    req("metadata.name", NotEq, "x"),
+                    req("metadata.name", Eq, "a"),
+                    req("metadata.name", Eq, "b"),
+                    req("spec.nodeName", Eq, "n1"),
+                ],
+            ),
         ];
         for (sel, want) in cases {
-            let s = LabelSelector::parse(sel).unwrap_or_else(|e| panic!("{sel}: {e}"));
-            assert_eq!(s.matches(Some(&l)), want, "{sel}");
+            let got = FieldSelector::parse(sel).unwrap_or_else(|e| panic!("{sel:?}: {e}"));
+            assert_eq!(got.requirements(), want.as_slice(), "{sel:?}");
+            assert_eq!(got.is_empty(), want.is_empty(), "{sel:?}");
         }
-        assert!(LabelSelector::parse("!app").expect("ok").matches(None));
-        assert!(!LabelSelector::parse("app").expect("ok").matches(None));
+        assert!(FieldSelector::everything().is_empty());
     }
 
     #[test]
-    fn label_errors() {
-        let cases = [
-            ("a in (", "unparsable"),
-            ("a in ()", "empty"),
-            ("!!x", "key"),
-            ("-a=b", "key"),
-            ("a=b c", "value"),
-            ("a>x", "int"),
-            ("a notin", "unparsable"),
-            ("a foo (b)", "unparsable"),
-            (",", "unparsable"),
-            ("Bad_Prefix.com/a=b", "key"),
+    fn field_selector_errors() {
+        let cases: &[(&str, &str)] = &[
+            ("bogus", "FieldTerm"),
+            ("a", "FieldTerm"),
+            (" ", "FieldTerm"),
+            ("a=b,c", "FieldTerm"),
+            ("🃎\\Ѩ", "FieldTerm"),
+            ("a=b=c", "Unescape"),
+            ("a!==b", "Unescape"),
+            ("a===b", "Unescape"),
+            ("a=b\\x", "Unescape"),
+            ("a=b\\", "Unescape"),
+            ("a=\\Ѩ", "Unescape"),
+            ("a\\=b=c", "Unescape"),
         ];
-        for (sel, what) in cases {
-            assert!(
-                LabelSelector::parse(sel).is_err(),
-                "{sel} should fail ({what})"
-            );
+        for &(sel, want) in cases {
+            match FieldSelector::parse(sel) {
+                Ok(s) => panic!("{sel:?} parsed as {s:?}, want {want}"),
+                Err(e) => assert_eq!(variant(&e), want, "{sel:?}: {e}"),
+            }
         }
-        let many = vec!["a=b"; MAX_REQUIREMENTS + 1].join(",");
-        assert_eq!(LabelSelector::parse(&many), Err(Error::TooManyRequirements));
-        assert!(LabelSelector::parse("example.com/app=x").is_ok());
     }
 
     #[test]
-    fn field_parsing_and_escapes() {
-        let f = FieldSelector::parse("metadata.name=a\\,b,type!=x,spec.nodeName==n1").expect("ok");
-        let r = f.requirements();
-        assert_eq!(r.len(), 3);
-        assert_eq!(r[0].value, "a,b");
-        assert_eq!(r[1].op, FieldOp::NotEq);
-        assert_eq!(f.equality_value("spec.nodeName"), Some("n1"));
-        assert_eq!(f.equality_value("type"), None);
-        assert_eq!(
-            FieldSelector::parse("metadata.name=a\\=b")
-                .expect("ok")
-                .requirements()[0]
-                .value,
-            "a=b"
-        );
-        // Multi-byte characters before an operator (found by the fuzzer: byte-wise slicing panicked).
-        assert!(FieldSelector::parse("Ѩ🃎=x").is_ok());
-        assert!(FieldSelector::parse("🃎\\Ѩ").is_err());
-        for bad in ["bogus", "=x", "a=b\\x", "a"] {
-            assert!(FieldSelector::parse(bad).is_err(), "{bad}");
+    fn equality_values_route_requests() {
+        let cases: &[(&str, &str, Option<&str>)] = &[
+            ("metadata.name=x", "metadata.name", Some("x")),
+            ("metadata.name==x", "metadata.name", Some("x")),
+            ("metadata.name!=x", "metadata.name", None),
+            ("metadata.name=", "metadata.name", Some("")),
+            (
+                "spec.nodeName=n1,status.phase=Running",
+                "spec.nodeName",
+                Some("n1"),
+            ),
+            ("spec.nodeName=n1", "metadata.name", None),
+            ("metadata.name=a\\,b", "metadata.name", Some("a,b")),
+            // the first in the API server's order, as its RequiresExactMatch
+            (
+                "metadata.name=s2,metadata.name=s1",
+                "metadata.name",
+                Some("s1"),
+            ),
+            (
+                "metadata.name!=a,metadata.name=b",
+                "metadata.name",
+                Some("b"),
+            ),
+            ("", "metadata.name", None),
+        ];
+        for &(sel, field, want) in cases {
+            let s = FieldSelector::parse(sel).unwrap_or_else(|e| panic!("{sel:?}: {e}"));
+            assert_eq!(s.equality_value(field), want, "{sel:?} {field}");
         }
-        assert!(FieldSelector::parse("").expect("ok").is_empty());
     }
 
     #[test]
-    fn field_labels_per_resource() {
-        let ok = [
+    fn field_labels_are_validated_per_resource() {
+        let cases: &[(&str, &str, &str, Option<&str>)] = &[
+            ("", "pods", "", None),
+            ("", "pods", "metadata.name=a,metadata.namespace=b", None),
             (
                 "",
                 "pods",
-                "spec.nodeName=a,status.phase=Running,status.podIP=1,spec.restartPolicy=Always",
+                "spec.nodeName=a,spec.restartPolicy=Always",
+                None,
             ),
             (
                 "",
                 "pods",
-                "spec.schedulerName=s,spec.serviceAccountName=x,status.nominatedNodeName=n",
+                "spec.schedulerName=s,spec.serviceAccountName=x",
+                None,
             ),
+            ("", "pods", "status.phase=Running,status.podIP=1", None),
+            ("", "pods", "status.nominatedNodeName=n", None),
+            ("", "pods", "type=x", Some("type")),
+            ("", "pods", "spec.host=n", Some("spec.host")),
+            ("", "pods", "status.hostIP=1", Some("status.hostIP")),
+            ("", "pods", "metadata.labels=x", Some("metadata.labels")),
             (
                 "",
                 "secrets",
                 "type=Opaque,metadata.name=a,metadata.namespace=b",
+                None,
             ),
-            ("", "namespaces", "status.phase=Active"),
-            ("apps", "deployments", "metadata.name=x"),
+            ("", "secrets", "spec.nodeName=a", Some("spec.nodeName")),
+            ("", "secrets", "status.phase=a", Some("status.phase")),
+            (
+                "",
+                "namespaces",
+                "status.phase=Active,metadata.name=n",
+                None,
+            ),
+            ("", "namespaces", "type=x", Some("type")),
+            (
+                "",
+                "configmaps",
+                "metadata.name=a,metadata.namespace=b",
+                None,
+            ),
+            ("", "configmaps", "type=x", Some("type")),
+            ("", "services", "spec.clusterIP=x", Some("spec.clusterIP")),
+            ("apps", "deployments", "metadata.name=x", None),
+            ("apps", "pods", "spec.nodeName=a", Some("spec.nodeName")),
+            ("example.com", "secrets", "type=a", Some("type")),
+            // untrimmed fields are different labels
+            ("", "pods", "metadata.name =a", Some("metadata.name ")),
+            ("", "pods", "=a", Some("")),
+            // the first unsupported label in the API server's (sorted) order
+            ("", "secrets", "zzz=1,aaa=1,type=x", Some("aaa")),
         ];
-        for (g, r, s) in ok {
-            FieldSelector::parse(s)
-                .expect("parse")
-                .validate_for(g, r)
-                .unwrap_or_else(|e| panic!("{r} {s}: {e}"));
+        for &(group, resource, sel, want) in cases {
+            let s = FieldSelector::parse(sel).unwrap_or_else(|e| panic!("{sel:?}: {e}"));
+            let got = s.validate_for(group, resource);
+            let want = want.map_or(Ok(()), |label| {
+                Err(Error::FieldLabelNotSupported {
+                    label: label.to_string(),
+                })
+            });
+            assert_eq!(got, want, "{group}/{resource} {sel:?}");
         }
-        let bad = [
-            ("", "secrets", "spec.nodeName=a"),
-            ("", "configmaps", "type=x"),
-            ("apps", "pods", "spec.nodeName=a"),
-        ];
-        for (g, r, s) in bad {
-            let e = FieldSelector::parse(s)
-                .expect("parse")
-                .validate_for(g, r)
-                .expect_err("unsupported");
-            assert!(
-                e.to_string().starts_with("field label not supported: "),
-                "{e}"
-            );
-        }
-        let e = FieldSelector::parse("spec.nodeName=a")
-            .expect("parse")
-            .validate_for("", "secrets")
-            .expect_err("x");
-        assert_eq!(e.to_string(), "field label not supported: spec.nodeName");
     }
 
     #[test]
-    fn field_matching() {
-        let pod = json!({"metadata": {"name": "p", "namespace": "n"}, "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}});
-        let m = |s: &str| FieldSelector::parse(s).expect("parse").matches(&pod);
-        assert!(m("spec.nodeName=n1"));
-        assert!(!m("spec.nodeName=n2"));
-        assert!(m("spec.nodeName!=n2,status.phase=Running"));
-        assert!(m("status.podIP="));
-        assert!(!m("status.podIP!="));
-        let secret = json!({"metadata": {"name": "s"}, "type": "Opaque"});
-        assert!(FieldSelector::parse("type=Opaque")
-            .expect("p")
-            .matches(&secret));
-        assert_eq!(field_value(&secret, "type"), "Opaque");
-        assert_eq!(field_value(&secret, "nope"), "");
+    fn unsupported_label_message_is_the_api_servers() {
+        let cases: &[(&str, &str, &str, &str)] = &[
+            (
+                "",
+                "secrets",
+                "spec.nodeName=a",
+                "field label not supported: spec.nodeName",
+            ),
+            (
+                "",
+                "configmaps",
+                "type=x",
+                "field label not supported: type",
+            ),
+            (
+                "apps",
+                "deployments",
+                "status.phase!=x",
+                "field label not supported: status.phase",
+            ),
+        ];
+        for &(group, resource, sel, want) in cases {
+            let e = FieldSelector::parse(sel)
+                .and_then(|s| s.validate_for(group, resource))
+                .expect_err("unsupported");
+            assert_eq!(e.to_string(), want);
+        }
+    }
+
+    fn pod() -> Value {
+        json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"nodeName": "n1", "restartPolicy": "Always", "schedulerName": "default-scheduler",
+                     "serviceAccountName": "sa"},
+            "status": {"phase": "Running", "podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}],
+                       "nominatedNodeName": "n2"}
+        })
+    }
+
+    #[test]
+    fn field_values_read_the_api_servers_field_sets() {
+        let secret =
+            json!({"metadata": {"name": "s", "namespace": "ns"}, "type": "kubernetes.io/tls"});
+        let namespace = json!({"metadata": {"name": "ns"}, "status": {"phase": "Terminating"}});
+        let legacy_pod = json!({
+            "metadata": {"name": "old"},
+            "spec": {"serviceAccount": "legacy", "serviceAccountName": ""},
+            "status": {"podIPs": [{"ip": "fd00::1"}, {"ip": "10.0.0.9"}]}
+        });
+        let pod = pod();
+        let cases: Vec<(&Value, &str, &str)> = vec![
+            (&pod, "metadata.name", "p"),
+            (&pod, "metadata.namespace", "ns"),
+            (&pod, "spec.nodeName", "n1"),
+            (&pod, "spec.restartPolicy", "Always"),
+            (&pod, "spec.schedulerName", "default-scheduler"),
+            (&pod, "spec.serviceAccountName", "sa"),
+            (&pod, "status.phase", "Running"),
+            (&pod, "status.podIP", "10.0.0.1"),
+            (&pod, "status.nominatedNodeName", "n2"),
+            (&pod, "type", ""),
+            (&pod, "spec.host", ""),
+            (&pod, "metadata", ""),
+            (&legacy_pod, "spec.serviceAccountName", "legacy"),
+            (&legacy_pod, "status.podIP", "fd00::1"),
+            (&legacy_pod, "spec.nodeName", ""),
+            (&legacy_pod, "metadata.namespace", ""),
+            (&secret, "type", "kubernetes.io/tls"),
+            (&secret, "metadata.name", "s"),
+            (&secret, "status.phase", ""),
+            (&namespace, "status.phase", "Terminating"),
+            (&namespace, "metadata.namespace", ""),
+        ];
+        for (obj, field, want) in cases {
+            assert_eq!(field_value(obj, field), want, "{field} of {obj}");
+        }
+        let odd = [
+            json!(null),
+            json!([]),
+            json!("x"),
+            json!({"metadata": 5}),
+            json!({"type": 7}),
+        ];
+        for obj in &odd {
+            assert_eq!(field_value(obj, "metadata.name"), "", "{obj}");
+            assert_eq!(field_value(obj, "type"), "", "{obj}");
+        }
+    }
+
+    #[test]
+    fn field_selectors_match_pods_and_secrets() {
+        let unscheduled = json!({"metadata": {"name": "u", "namespace": "ns"}, "spec": {}, "status": {"phase": "Pending"}});
+        let opaque = json!({"metadata": {"name": "s1", "namespace": "ns"}, "type": "Opaque"});
+        let token = json!({"metadata": {"name": "s2", "namespace": "ns"}, "type": "kubernetes.io/service-account-token"});
+        let cases: Vec<(&str, Value, bool)> = vec![
+            ("", pod(), true),
+            ("spec.nodeName=n1", pod(), true),
+            ("spec.nodeName==n1", pod(), true),
+            ("spec.nodeName=n2", pod(), false),
+            ("spec.nodeName!=n2", pod(), true),
+            ("spec.nodeName!=n1", pod(), false),
+            ("spec.nodeName=n1,status.phase=Running", pod(), true),
+            ("spec.nodeName=n1,status.phase=Pending", pod(), false),
+            (
+                "spec.nodeName=n1,metadata.namespace=ns,metadata.name=p",
+                pod(),
+                true,
+            ),
+            ("spec.nodeName=", unscheduled.clone(), true),
+            ("spec.nodeName!=", unscheduled.clone(), false),
+            ("spec.nodeName=n1", unscheduled.clone(), false),
+            ("spec.nodeName!=", pod(), true),
+            ("status.podIP=10.0.0.1", pod(), true),
+            ("status.phase!=Succeeded,status.phase!=Failed", pod(), true),
+            (
+                "status.phase!=Succeeded,status.phase!=Failed",
+                unscheduled,
+                true,
+            ),
+            ("type=Opaque", opaque.clone(), true),
+            ("type=Opaque", token.clone(), false),
+            (
+                "type!=kubernetes.io/service-account-token",
+                opaque.clone(),
+                true,
+            ),
+            (
+                "type!=kubernetes.io/service-account-token",
+                token.clone(),
+                false,
+            ),
+            (
+                "type=kubernetes.io/service-account-token,metadata.name=s2",
+                token,
+                true,
+            ),
+            ("metadata.name=s1", opaque.clone(), true),
+            ("metadata.name=s2", opaque, false),
+        ];
+        for (sel, obj, want) in cases {
+            let s = FieldSelector::parse(sel).unwrap_or_else(|e| panic!("{sel:?}: {e}"));
+            assert_eq!(s.matches(&obj), want, "{sel:?} on {obj}");
+        }
     }
 }
