@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2317  # running/stop/cleanup are called from the EXIT trap
 # Runs kcache for real on this machine:
 #   1. installs what is missing (apt packages; kube-apiserver v1.20.2 + etcd, built once),
 #   2. starts a throw-away etcd + kube-apiserver (scripts/start-test-cluster.sh),
@@ -22,16 +23,30 @@ echo "==> building kcache"
 cargo build --release -p kcache
 
 echo "==> starting etcd + kube-apiserver"
-eval "$(scripts/start-test-cluster.sh "$bin")"
+cluster=$(scripts/start-test-cluster.sh "$bin") # KUBE_URL= KUBE_DIR= KUBE_PIDS= ...
+eval "$cluster"
 
 pids=()
+# Whether $1 is a live process (a child that exited but is not yet reaped does not count).
+running() { [[ -e /proc/$1 ]] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
+# SIGTERM to each pid given, then SIGKILL to whatever still runs 5 s later.
+stop() {
+  kill "$@" 2>/dev/null
+  for _ in $(seq 25); do
+    local alive=
+    for pid in "$@"; do running "$pid" && alive=1; done
+    [[ $alive ]] || return 0
+    sleep 0.2
+  done
+  kill -9 "$@" 2>/dev/null
+}
 cleanup() {
+  set +e
   trap - EXIT INT TERM
   echo
   echo "==> stopping"
-  ((${#pids[@]})) && kill "${pids[@]}" 2>/dev/null
   # shellcheck disable=SC2086  # KUBE_PIDS is a list
-  kill $KUBE_PIDS 2>/dev/null
+  stop "${pids[@]}" $KUBE_PIDS
   wait 2>/dev/null
   if [[ -n ${KCACHE_KEEP_DEMO_DIR:-} ]]; then
     echo "logs kept in $KUBE_DIR"
@@ -85,8 +100,8 @@ Watch demo/ticker change every 2 s, served from kcache's cache:
 
 More:
   kubectl --server $kcache_url --insecure-skip-tls-verify --token admintoken get secrets -n demo
-  curl -sk $kcache_url/debug/keys
-  curl -sk $kcache_url/metrics | grep '^kcache_'
+  curl -sk -H 'Authorization: Bearer admintoken' $kcache_url/debug/keys
+  curl -sk -H 'Authorization: Bearer admintoken' $kcache_url/metrics | grep '^kcache_'
   kcache log: $KUBE_DIR/kcache.log   (KCACHE_KEEP_DEMO_DIR=1 keeps it after exit)
 
 Ctrl-C to stop.

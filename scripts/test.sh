@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
 # The test command (README, CI): formatting, lints, then every unit and integration test.
-# Integration tests start their own kube-apiserver + etcd on free ports.
+# Fails at the first step that fails.
+#
+# Integration tests (services/tests/) start their own etcd + kube-apiserver v1.20.2 on free
+# loopback ports; KCACHE_K8S_BIN tells them where the binaries are. Set
+# KCACHE_KEEP_TEST_DIRS=1 to keep each test cluster's directory (logs) after the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Missing apt packages (kubectl, openssl, curl, ...) and the kube-apiserver build; the last
+# line is the bin dir (scripts/install-kube-apiserver.sh).
 KCACHE_K8S_BIN=$(scripts/ensure-deps.sh | tail -1)
 export KCACHE_K8S_BIN
+[[ -x $KCACHE_K8S_BIN/kube-apiserver && -x $KCACHE_K8S_BIN/etcd ]] || {
+  echo "test.sh: no kube-apiserver/etcd in '$KCACHE_K8S_BIN'" >&2
+  exit 1
+}
+set -x
 cargo fmt --all --check
-cargo clippy --all-targets --locked -- -D warnings
-# Each integration test binary starts its own API server; two at a time fit a 2-core box.
+cargo clippy --workspace --all-targets --locked -- -D warnings
+# Each integration test starts its own API server; two at a time suit a 2-core machine.
 cargo test --workspace --locked -- --test-threads=2

@@ -1,6 +1,20 @@
 //! Real servers for black-box tests: etcd + kube-apiserver v1.20.2 on free loopback ports
-//! (binaries from the project's `scripts/install-kube-apiserver.sh`), and kcache itself
-//! ([`kcache::Kcache`]). Every test binary starts its own; nothing is mocked.
+//! (binaries from `$KCACHE_K8S_BIN`, else what the project's
+//! `scripts/install-kube-apiserver.sh` prints), and kcache itself ([`kcache::Kcache`]).
+//! Every test starts its own; nothing is mocked.
+//!
+//! The API server runs with `--authorization-mode=Node,RBAC` and these identities:
+//!
+//! | credential | user | groups |
+//! |---|---|---|
+//! | `admintoken` ([`ADMIN_TOKEN`]) | admin | system:masters |
+//! | `viewertoken` | viewer (no RBAC bindings) | |
+//! | `nobodytoken` | nobody (no RBAC bindings) | |
+//! | `node1token` | system:node:node1 | system:nodes |
+//! | client certificates signed by [`TestCluster::client_ca`] | CN | O |
+//!
+//! Logs (`etcd.log`, `apiserver.log`) stay in the cluster's temp dir, which is removed on
+//! drop unless `KCACHE_KEEP_TEST_DIRS` is set.
 
 #![allow(dead_code)]
 
@@ -11,179 +25,359 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The cluster-admin token (user `admin`, group `system:masters`).
 pub const ADMIN_TOKEN: &str = "admintoken";
 
-fn free_port() -> u16 {
+const TOKENS_CSV: &str = "\
+admintoken,admin,admin-uid,\"system:masters\"
+viewertoken,viewer,viewer-uid
+nobodytoken,nobody,nobody-uid
+node1token,system:node:node1,node1-uid,\"system:nodes\"
+";
+
+/// How long etcd and the API server may take to become ready. A cold start takes ~5 s on
+/// an idle machine; the margin is for loaded CI machines running tests side by side.
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// A port that was free a moment ago (bound, read, released).
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .expect("a free loopback port")
+        .expect("bind an ephemeral loopback port")
 }
 
-/// The directory holding `kube-apiserver` and `etcd`: `$KCACHE_K8S_BIN`, else what the
-/// install script prints (it builds them on first use).
+/// The directory holding `kube-apiserver` and `etcd`: `$KCACHE_K8S_BIN`, else the last line
+/// printed by `scripts/install-kube-apiserver.sh` (which builds them on first use).
 fn bin_dir() -> PathBuf {
-    if let Ok(dir) = std::env::var("KCACHE_K8S_BIN") {
+    if let Some(dir) = std::env::var_os("KCACHE_K8S_BIN") {
         return PathBuf::from(dir);
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/install-kube-apiserver.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("services/ has a parent (the workspace root)")
+        .join("scripts/install-kube-apiserver.sh");
     let out = Command::new("bash")
         .arg(&script)
+        .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
-        .expect("run scripts/install-kube-apiserver.sh");
-    assert!(out.status.success(), "install-kube-apiserver.sh failed");
-    let text = String::from_utf8_lossy(&out.stdout);
-    PathBuf::from(text.lines().last().expect("bin dir line").trim())
+        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} failed ({})",
+        script.display(),
+        out.status
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty())
+        .expect("install-kube-apiserver.sh prints the bin dir on its last line");
+    PathBuf::from(line)
 }
 
+/// Runs openssl with `args` in `dir`; panics with openssl's stderr on failure.
+pub fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run openssl (is it installed?)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The last `n` lines of `path` (empty when unreadable).
+fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A throw-away etcd + kube-apiserver. Dropping it kills both.
 pub struct TestCluster {
+    /// `https://127.0.0.1:<port>` (self-signed serving certificate).
     pub url: String,
+    /// Holds the logs, tokens, keys and etcd's data.
+    pub dir: tempfile::TempDir,
+    /// kubeconfig for the admin token, skipping server certificate verification.
     pub kubeconfig: PathBuf,
-    dir: tempfile::TempDir,
+    /// [`ADMIN_TOKEN`].
+    pub admin_token: &'static str,
+    /// The API server's `--client-ca-file` (PEM); its key is `client_ca_key`.
+    pub client_ca: PathBuf,
+    pub client_ca_key: PathBuf,
     bin: PathBuf,
-    etcd: Child,
-    apiserver: Option<Child>,
-    etcd_url: String,
     port: u16,
+    etcd_url: String,
+    etcd: Option<Child>,
+    apiserver: Option<Child>,
 }
 
 impl TestCluster {
+    /// Starts etcd and kube-apiserver on free ports and waits until `/readyz` answers 200.
     pub async fn start() -> TestCluster {
         let bin = bin_dir();
+        for exe in ["etcd", "kube-apiserver"] {
+            assert!(
+                bin.join(exe).is_file(),
+                "no {exe} in {} (set KCACHE_K8S_BIN or run scripts/install-kube-apiserver.sh)",
+                bin.display()
+            );
+        }
         let dir = tempfile::Builder::new()
             .prefix("kcache-test-")
             .tempdir()
-            .expect("temp dir");
-        let d = dir.path();
-        let (ep, pp, ap) = (free_port(), free_port(), free_port());
-        let etcd_url = format!("http://127.0.0.1:{ep}");
-        let etcd = Command::new(bin.join("etcd"))
-            .arg("--data-dir")
-            .arg(d.join("etcd"))
-            .args([
-                "--listen-client-urls",
-                &etcd_url,
-                "--advertise-client-urls",
-                &etcd_url,
-            ])
-            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{pp}")])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(d.join("etcd.log")).expect("etcd log"))
-            .spawn()
-            .expect("start etcd");
-        let ok = Command::new("openssl")
-            .args(["genrsa", "-out"])
-            .arg(d.join("sa.key"))
-            .arg("2048")
-            .stderr(Stdio::null())
-            .status()
-            .expect("openssl")
-            .success()
-            && Command::new("openssl")
-                .args(["rsa", "-in"])
-                .arg(d.join("sa.key"))
-                .args(["-pubout", "-out"])
-                .arg(d.join("sa.pub"))
-                .stderr(Stdio::null())
-                .status()
-                .expect("openssl")
-                .success();
-        assert!(ok, "generating the service-account key");
-        std::fs::write(
-            d.join("tokens.csv"),
-            "admintoken,admin,admin-uid,\"system:masters\"\nviewertoken,viewer,viewer-uid\nnobodytoken,nobody,nobody-uid\nnode1token,system:node:node1,node1-uid,\"system:nodes\"\n",
-        )
-        .expect("tokens.csv");
-        let url = format!("https://127.0.0.1:{ap}");
+            .expect("create the test cluster's temp dir");
+        let d = dir.path().to_path_buf();
+        let (etcd_port, peer_port, port) = (free_port(), free_port(), free_port());
+        let url = format!("https://127.0.0.1:{port}");
         let kubeconfig = d.join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters: [{{name: test, cluster: {{server: \"{url}\", insecure-skip-tls-verify: true}}}}]\nusers: [{{name: admin, user: {{token: {ADMIN_TOKEN}}}}}]\ncontexts: [{{name: test, context: {{cluster: test, user: admin}}}}]\ncurrent-context: test\n"
-            ),
-        )
-        .expect("kubeconfig");
-        let mut c = TestCluster {
+        let pki = d.join("pki");
+        std::fs::create_dir(&pki).expect("create pki dir");
+        let mut cluster = TestCluster {
             url,
             kubeconfig,
-            dir,
+            admin_token: ADMIN_TOKEN,
+            client_ca: pki.join("ca.crt"),
+            client_ca_key: pki.join("ca.key"),
             bin,
-            etcd,
+            port,
+            etcd_url: format!("http://127.0.0.1:{etcd_port}"),
+            etcd: None,
             apiserver: None,
-            etcd_url,
-            port: ap,
+            dir,
         };
-        c.wait_etcd().await;
-        c.start_apiserver().await;
-        c
+        // From here on a panic drops `cluster`, which kills whatever was started.
+        cluster.start_etcd(peer_port);
+        cluster.write_credentials();
+        cluster.wait_etcd().await;
+        cluster.start_apiserver().await;
+        cluster
     }
 
     pub fn dir_path(&self) -> &Path {
         self.dir.path()
     }
 
+    /// The last 30 lines of a log in the cluster dir (e.g. `"apiserver.log"`).
+    pub fn log_tail(&self, file: &str) -> String {
+        tail(&self.dir.path().join(file), 30)
+    }
+
+    fn start_etcd(&mut self, peer_port: u16) {
+        let d = self.dir.path();
+        let log = std::fs::File::create(d.join("etcd.log")).expect("create etcd.log");
+        let peer = format!("http://127.0.0.1:{peer_port}");
+        let child = Command::new(self.bin.join("etcd"))
+            .arg("--data-dir")
+            .arg(d.join("etcd"))
+            .args(["--listen-client-urls", &self.etcd_url])
+            .args(["--advertise-client-urls", &self.etcd_url])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("default={peer}")])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone etcd.log handle"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn etcd");
+        self.etcd = Some(child);
+    }
+
+    /// tokens.csv, the service-account key pair, the client CA, and the kubeconfig.
+    fn write_credentials(&self) {
+        let d = self.dir.path();
+        std::fs::write(d.join("tokens.csv"), TOKENS_CSV).expect("write tokens.csv");
+        // The service-account signing key must be RSA (tokens are signed RS256).
+        openssl(d, &["genrsa", "-out", "sa.key", "2048"]);
+        openssl(d, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"]);
+        openssl(
+            &d.join("pki"),
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-days",
+                "30",
+                "-subj",
+                "/CN=kcache-test-client-ca",
+            ],
+        );
+        std::fs::write(
+            &self.kubeconfig,
+            format!(
+                "apiVersion: v1\n\
+                 kind: Config\n\
+                 clusters:\n\
+                 - name: test\n  cluster: {{server: \"{url}\", insecure-skip-tls-verify: true}}\n\
+                 users:\n\
+                 - name: admin\n  user: {{token: {ADMIN_TOKEN}}}\n\
+                 contexts:\n\
+                 - name: test\n  context: {{cluster: test, user: admin}}\n\
+                 current-context: test\n",
+                url = self.url
+            ),
+        )
+        .expect("write kubeconfig");
+    }
+
+    /// Issues a client certificate signed by [`TestCluster::client_ca`] (so the API server
+    /// authenticates it as user `cn` in `groups`); returns (certificate, key) PEM paths.
+    pub fn issue_client_cert(&self, name: &str, cn: &str, groups: &[&str]) -> (PathBuf, PathBuf) {
+        let pki = self.dir.path().join("pki");
+        let ext = pki.join("client.ext");
+        if !ext.exists() {
+            std::fs::write(
+                &ext,
+                "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n",
+            )
+            .expect("write client.ext");
+        }
+        let subject: String = groups
+            .iter()
+            .map(|g| format!("/O={g}"))
+            .chain([format!("/CN={cn}")])
+            .collect();
+        let (crt, key, csr) = (
+            format!("{name}.crt"),
+            format!("{name}.key"),
+            format!("{name}.csr"),
+        );
+        openssl(
+            &pki,
+            &[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                &key,
+                "-out",
+                &csr,
+                "-subj",
+                &subject,
+            ],
+        );
+        openssl(
+            &pki,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "30",
+                "-extfile",
+                "client.ext",
+                "-out",
+                &crt,
+            ],
+        );
+        (pki.join(crt), pki.join(key))
+    }
+
     async fn wait_etcd(&mut self) {
-        let http = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(r) = http.get(format!("{}/health", self.etcd_url)).send().await {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .expect("build an HTTP client");
+        let health = format!("{}/health", self.etcd_url);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(r) = http.get(&health).send().await {
                 if r.status().is_success() {
                     return;
                 }
             }
+            if let Some(Ok(Some(status))) = self.etcd.as_mut().map(Child::try_wait) {
+                panic!("etcd exited ({status}):\n{}", self.log_tail("etcd.log"));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd not healthy in {READY_TIMEOUT:?}:\n{}",
+                self.log_tail("etcd.log")
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        panic!("etcd not healthy in 30 s");
     }
 
-    /// Starts kube-apiserver (again) on the same port and etcd, and waits for /readyz.
+    /// Starts kube-apiserver on this cluster's port and etcd (after [`Self::kill_apiserver`],
+    /// a restart) and waits until `/readyz` answers 200. Its log is appended to
+    /// `apiserver.log`.
     pub async fn start_apiserver(&mut self) {
+        assert!(
+            self.apiserver.is_none(),
+            "kube-apiserver is already running"
+        );
         let d = self.dir.path();
-        let log = std::fs::OpenOptions::new()
+        let path = |name: &str| d.join(name).display().to_string();
+        let mut log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(d.join("apiserver.log"))
-            .expect("apiserver log");
+            .expect("open apiserver.log");
+        {
+            use std::io::Write;
+            writeln!(log, "=== kcache tests: starting kube-apiserver")
+                .expect("write apiserver.log");
+        }
         let child = Command::new(self.bin.join("kube-apiserver"))
             .arg(format!("--etcd-servers={}", self.etcd_url))
-            .args([
-                "--bind-address=127.0.0.1",
-                &format!("--secure-port={}", self.port),
-            ])
-            .arg(format!("--cert-dir={}", d.join("certs").display()))
-            .arg(format!(
-                "--token-auth-file={}",
-                d.join("tokens.csv").display()
-            ))
+            .arg("--bind-address=127.0.0.1")
+            .arg("--advertise-address=127.0.0.1")
+            .arg(format!("--secure-port={}", self.port))
+            .arg(format!("--cert-dir={}", path("certs")))
+            .arg(format!("--token-auth-file={}", path("tokens.csv")))
+            .arg(format!("--client-ca-file={}", self.client_ca.display()))
+            .arg("--authorization-mode=Node,RBAC")
             .arg("--service-account-issuer=https://kubernetes.default.svc")
-            .arg(format!(
-                "--service-account-key-file={}",
-                d.join("sa.pub").display()
-            ))
+            .arg(format!("--service-account-key-file={}", path("sa.pub")))
             .arg(format!(
                 "--service-account-signing-key-file={}",
-                d.join("sa.key").display()
+                path("sa.key")
             ))
-            .args([
-                "--authorization-mode=Node,RBAC",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                "--advertise-address=127.0.0.1",
-            ])
-            .stdout(Stdio::null())
+            .arg("--service-cluster-ip-range=10.0.0.0/24")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone apiserver.log handle"))
             .stderr(log)
             .spawn()
-            .expect("start kube-apiserver");
+            .expect("spawn kube-apiserver");
         self.apiserver = Some(child);
-        let http = insecure_http();
-        let deadline = Instant::now() + Duration::from_secs(90);
+        self.wait_apiserver_ready().await;
+    }
+
+    async fn wait_apiserver_ready(&mut self) {
+        let http = reqwest::Client::builder()
+            .danger_accept_invalid_certs(true)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .expect("build an HTTP client");
+        let readyz = format!("{}/readyz", self.url);
+        let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            if let Ok(r) = http
-                .get(format!("{}/readyz", self.url))
-                .bearer_auth(ADMIN_TOKEN)
-                .send()
-                .await
-            {
+            if let Ok(r) = http.get(&readyz).bearer_auth(ADMIN_TOKEN).send().await {
                 if r.status().is_success() {
                     return;
                 }
@@ -196,87 +390,148 @@ impl TestCluster {
             }
             assert!(
                 Instant::now() < deadline,
-                "kube-apiserver not ready in 90 s:\n{}",
+                "kube-apiserver not ready in {READY_TIMEOUT:?}:\n{}",
                 self.log_tail("apiserver.log")
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
-    /// kill -9 of the API server (etcd keeps running).
+    /// `kill -9` of the API server; etcd keeps running.
     pub fn kill_apiserver(&mut self) {
-        if let Some(mut c) = self.apiserver.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Some(mut child) = self.apiserver.take() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 
+    /// `kill -9` of the API server, then a new one on the same port and etcd; returns once
+    /// it is ready.
     pub async fn restart_apiserver(&mut self) {
         self.kill_apiserver();
         self.start_apiserver().await;
     }
 
-    pub fn log_tail(&self, file: &str) -> String {
-        let text = std::fs::read_to_string(self.dir.path().join(file)).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-
+    /// A kube-rs config for the admin token, accepting the self-signed certificate.
     pub fn kube_client_config(&self) -> kube::Config {
-        let mut cfg = kube::Config::new(self.url.parse().expect("cluster url"));
+        let mut cfg = kube::Config::new(self.url.parse().expect("cluster url is a URI"));
         cfg.accept_invalid_certs = true;
         cfg.auth_info.token = Some(secrecy::SecretString::new(ADMIN_TOKEN.into()));
         cfg
     }
 
     pub async fn kube_client(&self) -> kube::Client {
-        kube::Client::try_from(self.kube_client_config()).expect("admin kube client")
+        kube::Client::try_from(self.kube_client_config()).expect("build the admin kube client")
     }
 
-    /// Sum of the API server's `apiserver_registered_watchers` for `kind`.
-    pub async fn registered_watchers(&self, kind: &str) -> u64 {
-        let text = insecure_http()
+    /// The API server's `/metrics` (read as admin).
+    pub async fn metrics_text(&self) -> String {
+        let resp = insecure_http()
             .get(format!("{}/metrics", self.url))
             .bearer_auth(ADMIN_TOKEN)
             .send()
             .await
-            .expect("GET /metrics")
-            .text()
-            .await
-            .expect("metrics text");
-        kcache::sum_samples(
-            &text,
-            "apiserver_registered_watchers",
-            Some(&format!("kind=\"{kind}\"")),
-        ) as u64
+            .expect("GET the API server's /metrics");
+        assert!(
+            resp.status().is_success(),
+            "GET /metrics: {}",
+            resp.status()
+        );
+        resp.text().await.expect("read /metrics")
+    }
+
+    /// The sum of the API server's `apiserver_registered_watchers` samples labelled
+    /// `kind="<kind>"` (e.g. `"Secret"`): how many watches it serves for that kind.
+    pub async fn registered_watchers(&self, kind: &str) -> u64 {
+        let text = self.metrics_text().await;
+        sum_samples_with_label(&text, "apiserver_registered_watchers", "kind", kind) as u64
     }
 }
 
 impl Drop for TestCluster {
     fn drop(&mut self) {
         self.kill_apiserver();
-        let _ = self.etcd.kill();
-        let _ = self.etcd.wait();
+        if let Some(mut etcd) = self.etcd.take() {
+            let _ = etcd.kill();
+            let _ = etcd.wait();
+        }
         if std::env::var_os("KCACHE_KEEP_TEST_DIRS").is_some() {
-            let path = std::mem::replace(
-                &mut self.dir,
-                tempfile::tempdir().expect("placeholder temp dir"),
-            )
-            .keep();
-            eprintln!("kept test dir {}", path.display());
+            self.dir.disable_cleanup(true);
+            // Straight to stderr: libtest captures eprintln! of passing tests.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "kept test cluster dir {}",
+                self.dir.path().display()
+            );
         }
     }
 }
 
-/// An HTTP client for self-signed test servers (the API server's and kcache's).
+/// Sums the Prometheus text-format samples of metric `name` whose label `key` equals
+/// `value` exactly.
+pub fn sum_samples_with_label(text: &str, name: &str, key: &str, value: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let open = line.find('{')?;
+            if &line[..open] != name {
+                return None;
+            }
+            let (labels, rest) = parse_labels(&line[open + 1..])?;
+            if !labels.iter().any(|(k, v)| k == key && v == value) {
+                return None;
+            }
+            rest.split_whitespace().next()?.parse::<f64>().ok()
+        })
+        .sum()
+}
+
+/// Parses `a="x",b="y\"z"} rest` into labels and `rest`.
+fn parse_labels(s: &str) -> Option<(Vec<(String, String)>, &str)> {
+    let mut labels = Vec::new();
+    let mut rest = s;
+    loop {
+        rest = rest.trim_start_matches([',', ' ']);
+        if let Some(after) = rest.strip_prefix('}') {
+            return Some((labels, after));
+        }
+        let eq = rest.find('=')?;
+        let key = rest[..eq].trim().to_string();
+        let mut chars = rest[eq + 1..].char_indices();
+        if chars.next()?.1 != '"' {
+            return None;
+        }
+        let mut value = String::new();
+        let mut end = None;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    other => value.push(other),
+                },
+                '"' => {
+                    end = Some(eq + 1 + i + 1);
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        labels.push((key, value));
+        rest = &rest[end?..];
+    }
+}
+
+/// An HTTP client for self-signed test servers (the API server's and kcache's). No
+/// request timeout: watches use it.
 pub fn insecure_http() -> reqwest::Client {
     reqwest::Client::builder()
         .danger_accept_invalid_certs(true)
         .build()
-        .expect("http client")
+        .expect("build an HTTP client")
 }
 
-/// Polls `f` until it is true; panics naming `what` after `timeout`.
+/// Polls `f` (every 100 ms) until it returns true; panics naming `what` after `timeout`.
 pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut f: F)
 where
     F: FnMut() -> Fut,
@@ -287,66 +542,58 @@ where
         if f().await {
             return;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-/// Creates a namespace through the API server.
+/// Creates a namespace through `client`.
 pub async fn create_namespace(client: &kube::Client, name: &str) {
     use k8s_openapi::api::core::v1::Namespace;
     let api: kube::Api<Namespace> = kube::Api::all(client.clone());
-    let obj: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))
-        .expect("namespace object");
-    api.create(&Default::default(), &obj)
+    let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))
+        .expect("a Namespace object");
+    api.create(&Default::default(), &ns)
         .await
-        .expect("create namespace");
+        .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
 }
 
 /// Reads a watch response, calling `f` with each JSON event line (blank keepalive lines
-/// are skipped) until the stream ends or `f` returns false (which closes the stream).
+/// and anything not JSON are skipped) until the stream ends or `f` returns false (which
+/// drops, so closes, the stream).
 pub async fn for_each_event(resp: reqwest::Response, mut f: impl FnMut(serde_json::Value) -> bool) {
     use futures::StreamExt;
-    let mut stream = resp.bytes_stream();
-    let mut buf = Vec::new();
-    while let Some(Ok(chunk)) = stream.next().await {
-        buf.extend_from_slice(&chunk);
-        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=pos).collect();
-            if let Ok(v) = serde_json::from_slice(&line) {
-                if !f(v) {
-                    return;
-                }
+    let mut body = resp.bytes_stream();
+    let mut pending: Vec<u8> = Vec::new();
+    while let Some(Ok(chunk)) = body.next().await {
+        pending.extend_from_slice(&chunk);
+        while let Some(newline) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=newline).collect();
+            let Ok(event) = serde_json::from_slice::<serde_json::Value>(&line) else {
+                continue;
+            };
+            if !f(event) {
+                return;
             }
         }
     }
 }
 
-/// The events of a watch response on a channel, forwarded as they arrive; the channel
-/// closes when the stream ends.
+/// The events of a watch response on a channel, forwarded as they arrive. The channel
+/// closes when the stream ends; dropping the receiver closes the stream.
 pub fn event_channel(
     resp: reqwest::Response,
 ) -> tokio::sync::mpsc::UnboundedReceiver<serde_json::Value> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let gone = tx.clone();
+    let closed = tx.clone();
     tokio::spawn(async move {
-        // Dropping the reader (when the receiver is dropped) closes the HTTP stream.
         tokio::select! {
-            _ = for_each_event(resp, move |v| tx.send(v).is_ok()) => {}
-            _ = gone.closed() => {}
+            _ = for_each_event(resp, move |event| tx.send(event).is_ok()) => {}
+            _ = closed.closed() => {}
         }
     });
     rx
-}
-
-/// Runs openssl with `args` in `dir` (test certificates).
-pub fn openssl(dir: &Path, args: &[&str]) {
-    let ok = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl")
-        .success();
-    assert!(ok, "openssl {args:?}");
 }
