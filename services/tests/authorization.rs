@@ -321,72 +321,15 @@ fn curl_with_cert(dir: &std::path::Path, name: &str, url: &str, extra: &[&str]) 
 async fn client_certificates_authenticate_as_cn_and_organizations() {
     let cluster = TestCluster::start().await;
     setup(&cluster).await;
-    let dir = cluster.dir_path().to_path_buf();
-    // v3 client certificates, as kubelets' are (webpki refuses X.509 v1).
-    std::fs::write(
-        dir.join("client.ext"),
-        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
-    )
-    .expect("ext");
-    support::openssl(
-        &dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "clientca.key",
-            "-out",
-            "clientca.crt",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=clients",
-        ],
-    );
-    for (name, subj) in [
-        ("node1", "/O=system:nodes/CN=system:node:node1"),
-        ("viewer", "/CN=viewer"),
-    ] {
-        support::openssl(
-            &dir,
-            &[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.csr"),
-                "-subj",
-                subj,
-            ],
-        );
-        support::openssl(
-            &dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "clientca.crt",
-                "-CAkey",
-                "clientca.key",
-                "-CAcreateserial",
-                "-out",
-                &format!("{name}.crt"),
-                "-days",
-                "1",
-                "-extfile",
-                "client.ext",
-            ],
-        );
-    }
-    let ca = dir.join("clientca.crt").display().to_string();
+    // The test cluster's client CA signs v3 client certificates, as kubelets' are.
+    cluster.issue_client_cert("node1", "system:node:node1", &["system:nodes"]);
+    cluster.issue_client_cert("viewer", "viewer", &[]);
+    let dir = cluster
+        .client_ca
+        .parent()
+        .expect("the client CA lives in the cluster's pki directory")
+        .to_path_buf();
+    let ca = cluster.client_ca.display().to_string();
     let k = Kcache::start_with_args(
         &cluster,
         "[auth]\nimpersonate_cert_users = true\n",
