@@ -1,12 +1,13 @@
 //! Authentication: a bearer token is validated with a TokenReview against the upstream,
 //! as the API server's webhook token authenticator does, and the answer reused briefly.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use thiserror::Error;
+
+use crate::ttl_cache::TtlCache;
 
 #[derive(Debug, Error)]
 pub enum Error {
@@ -44,10 +45,8 @@ impl UserInfo {
 
 pub struct Authenticator {
     client: kube::Client,
-    ttl: Duration,
-    capacity: usize,
-    // A std lock, never held across an await: lookups and inserts are tiny.
-    cache: Mutex<HashMap<String, (Option<UserInfo>, Instant)>>,
+    /// token → user, or `None` for a token the upstream rejected.
+    cache: TtlCache<String, Option<UserInfo>>,
 }
 
 /// The bearer token of an `Authorization` header value, if it has one.
@@ -62,42 +61,18 @@ impl Authenticator {
     pub fn new(client: kube::Client, ttl: Duration, capacity: usize) -> Self {
         Authenticator {
             client,
-            ttl,
-            capacity: capacity.max(1),
-            cache: Mutex::new(HashMap::new()),
+            cache: TtlCache::new(capacity, move |_| ttl),
         }
     }
 
     pub async fn authenticate(&self, authorization: Option<&str>) -> Result<UserInfo> {
         let token = bearer_token(authorization).ok_or(Error::MissingToken)?;
-        if let Some(hit) = self.cached(token) {
+        if let Some(hit) = self.cache.get(token) {
             return hit.ok_or(Error::InvalidToken);
         }
         let user = self.review(token).await?;
-        self.remember(token, user.clone());
+        self.cache.insert(token.to_string(), user.clone());
         user.ok_or(Error::InvalidToken)
-    }
-
-    fn cached(&self, token: &str) -> Option<Option<UserInfo>> {
-        let cache = self.cache.lock().ok()?;
-        let (user, at) = cache.get(token)?;
-        (at.elapsed() < self.ttl).then(|| user.clone())
-    }
-
-    fn remember(&self, token: &str, user: Option<UserInfo>) {
-        let Ok(mut cache) = self.cache.lock() else {
-            return;
-        };
-        if cache.len() >= self.capacity {
-            // Bounded: drop expired entries first, then everything if still full (a burst
-            // of distinct tokens must not grow memory without bound).
-            let ttl = self.ttl;
-            cache.retain(|_, (_, at)| at.elapsed() < ttl);
-            if cache.len() >= self.capacity {
-                cache.clear();
-            }
-        }
-        cache.insert(token.to_string(), (user, Instant::now()));
     }
 
     async fn review(&self, token: &str) -> Result<Option<UserInfo>> {

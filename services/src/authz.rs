@@ -3,9 +3,8 @@
 //! server's request-info derives them, as aggregated API servers do. Decisions are cached
 //! briefly (separate allow and deny TTLs, bounded).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::authorization::v1::{
     NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
@@ -14,6 +13,7 @@ use thiserror::Error;
 
 use crate::auth::UserInfo;
 use crate::status::ApiError;
+use crate::ttl_cache::TtlCache;
 
 #[derive(Debug, Error)]
 pub enum Error {
@@ -53,11 +53,8 @@ type CacheKey = (String, Vec<String>, String, Attributes);
 
 pub struct Authorizer {
     client: kube::Client,
-    allow_ttl: Duration,
-    deny_ttl: Duration,
-    capacity: usize,
-    // A std lock, never held across an await.
-    cache: Mutex<HashMap<CacheKey, (Decision, Instant)>>,
+    /// Allowing and denying answers live `authz_allow_ttl_secs` / `authz_deny_ttl_secs`.
+    cache: TtlCache<CacheKey, Decision>,
 }
 
 impl Authorizer {
@@ -69,10 +66,16 @@ impl Authorizer {
     ) -> Self {
         Authorizer {
             client,
-            allow_ttl,
-            deny_ttl,
-            capacity: capacity.max(1),
-            cache: Mutex::new(HashMap::new()),
+            cache: TtlCache::new(
+                capacity,
+                move |d: &Decision| {
+                    if d.allowed {
+                        allow_ttl
+                    } else {
+                        deny_ttl
+                    }
+                },
+            ),
         }
     }
 
@@ -83,37 +86,12 @@ impl Authorizer {
             user.uid.clone(),
             attrs.clone(),
         );
-        if let Some(d) = self.cached(&key) {
+        if let Some(d) = self.cache.get(&key) {
             return Ok(d);
         }
         let decision = self.review(user, attrs).await?;
-        self.remember(key, decision.clone());
+        self.cache.insert(key, decision.clone());
         Ok(decision)
-    }
-
-    fn cached(&self, key: &CacheKey) -> Option<Decision> {
-        let cache = self.cache.lock().ok()?;
-        let (d, at) = cache.get(key)?;
-        let ttl = if d.allowed {
-            self.allow_ttl
-        } else {
-            self.deny_ttl
-        };
-        (at.elapsed() < ttl).then(|| d.clone())
-    }
-
-    fn remember(&self, key: CacheKey, d: Decision) {
-        let Ok(mut cache) = self.cache.lock() else {
-            return;
-        };
-        if cache.len() >= self.capacity {
-            let (a, dn) = (self.allow_ttl, self.deny_ttl);
-            cache.retain(|_, (d, at)| at.elapsed() < if d.allowed { a } else { dn });
-            if cache.len() >= self.capacity {
-                cache.clear();
-            }
-        }
-        cache.insert(key, (d, Instant::now()));
     }
 
     async fn review(&self, user: &UserInfo, attrs: &Attributes) -> Result<Decision> {

@@ -22,3 +22,4 @@ pub mod server;
 pub mod status;
 pub mod table;
 pub mod tls;
+pub mod ttl_cache;
