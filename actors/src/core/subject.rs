@@ -1,0 +1,244 @@
+//! NATS names of a key: subject tokens and KV lease keys (the contract in `docs/nats.md`).
+//!
+//! A key becomes six tokens — `group.version.resource.namespace.scope.value` — each
+//! escaped so that any byte outside `[A-Za-z0-9-]` (dots in object names and API groups,
+//! `*`, `>`, whitespace, `_`) becomes `=XX` (upper-case hex). `_` alone stands for "none"
+//! (core group, no namespace, no value) and can never be an escaped token, so the mapping
+//! is reversible. The same string is a valid JetStream KV key (`[-/_=.a-zA-Z0-9]+`), so
+//! the lease of a key is named like its subjects.
+
+use crate::core::key::{Key, Scope};
+
+/// The placeholder token for an absent part.
+pub const NONE: &str = "_";
+
+/// Escapes one token: `[A-Za-z0-9-]` stays, every other byte becomes `=XX`.
+pub fn escape(s: &str) -> String {
+    if s.is_empty() {
+        return NONE.to_string();
+    }
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("={b:02X}"));
+        }
+    }
+    out
+}
+
+/// Reverses [`escape`]; `None` for a malformed token. `_` is the empty string.
+pub fn unescape(token: &str) -> Option<String> {
+    if token == NONE {
+        return Some(String::new());
+    }
+    let bytes = token.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'=' => {
+                let hex = token.get(i + 1..i + 3)?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b if b.is_ascii_alphanumeric() || b == b'-' => {
+                out.push(b);
+                i += 1;
+            }
+            _ => return None,
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The six escaped tokens of a key, joined by dots.
+pub fn key_token(key: &Key) -> String {
+    let r = &key.resource;
+    let (ns, scope, value) = match &key.scope {
+        Scope::Cluster => (None, "all", None),
+        Scope::Namespace(ns) => (Some(ns.as_str()), "all", None),
+        Scope::Name { namespace, name } => (namespace.as_deref(), "name", Some(name.as_str())),
+        Scope::Node(node) => (None, "node", Some(node.as_str())),
+    };
+    format!(
+        "{}.{}.{}.{}.{}.{}",
+        escape(&r.group),
+        escape(&r.version),
+        escape(&r.resource),
+        escape(ns.unwrap_or("")),
+        scope,
+        escape(value.unwrap_or(""))
+    )
+}
+
+/// A key as an outside subscriber reads it back from a subject's last six tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedKey {
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    pub namespace: Option<String>,
+    /// `all`, `name` or `node`.
+    pub scope: String,
+    pub value: Option<String>,
+}
+
+/// Parses the six key tokens (`group.version.resource.namespace.scope.value`).
+pub fn parse_key_token(token: &str) -> Option<ParsedKey> {
+    let parts: Vec<&str> = token.split('.').collect();
+    let [g, v, r, ns, scope, value] = parts.as_slice() else {
+        return None;
+    };
+    let opt = |t: &str| unescape(t).map(|s| (!s.is_empty()).then_some(s));
+    if !matches!(*scope, "all" | "name" | "node") {
+        return None;
+    }
+    Some(ParsedKey {
+        group: unescape(g)?,
+        version: unescape(v)?,
+        resource: unescape(r)?,
+        namespace: opt(ns)?,
+        scope: scope.to_string(),
+        value: opt(value)?,
+    })
+}
+
+/// Every subject kcache uses, under one prefix (`kcache` by default).
+#[derive(Debug, Clone)]
+pub struct Subjects {
+    prefix: String,
+}
+
+impl Subjects {
+    pub fn new(prefix: &str) -> Self {
+        Subjects {
+            prefix: prefix.trim_end_matches('.').to_string(),
+        }
+    }
+
+    /// Events and heartbeats of a key, published by its owner.
+    pub fn events(&self, token: &str) -> String {
+        format!("{}.ev.{token}", self.prefix)
+    }
+
+    /// Every key's events (what an outside subscriber of everything subscribes to).
+    pub fn all_events(&self) -> String {
+        format!("{}.ev.>", self.prefix)
+    }
+
+    /// Snapshot requests of a key, answered by its owner to the request's reply inbox.
+    pub fn snapshot(&self, token: &str) -> String {
+        format!("{}.snap.{token}", self.prefix)
+    }
+
+    /// Control requests of a key to its owner (a freshness probe).
+    pub fn control(&self, token: &str) -> String {
+        format!("{}.ctl.{token}", self.prefix)
+    }
+
+    /// A replica's interest heartbeat (its refcounts).
+    pub fn interest(&self, replica: &str) -> String {
+        format!("{}.interest.{}", self.prefix, escape(replica))
+    }
+
+    pub fn all_interest(&self) -> String {
+        format!("{}.interest.*", self.prefix)
+    }
+
+    /// The key's part of an event subject, or `None` when the subject is not an event subject.
+    pub fn token_of_event<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        subject
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(".ev.")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::key::ResourceType;
+    use std::sync::Arc;
+
+    fn secrets() -> Arc<ResourceType> {
+        Arc::new(ResourceType::new("", "v1", "secrets", "Secret", true))
+    }
+
+    #[test]
+    fn dots_and_wildcards_are_escaped_reversibly() {
+        for s in [
+            "a.b.c",
+            "x*y>z",
+            "with space",
+            "under_score",
+            "=eq",
+            "plain-name",
+            "ünï",
+        ] {
+            let t = escape(s);
+            assert!(!t.contains('.') && !t.contains('*') && !t.contains('>') && !t.contains(' '));
+            assert!(t
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'='));
+            assert_eq!(unescape(&t).as_deref(), Some(s));
+        }
+        assert_eq!(escape("a.b"), "a=2Eb");
+        assert_eq!(escape(""), "_");
+        assert_eq!(unescape("_").as_deref(), Some(""));
+        assert_eq!(unescape("=2"), None);
+        assert_eq!(unescape("a.b"), None);
+        assert_eq!(unescape("=ZZ"), None);
+    }
+
+    #[test]
+    fn key_tokens_round_trip() {
+        let k = Key::new(
+            secrets(),
+            Scope::Name {
+                namespace: Some("ns1".into()),
+                name: "my.secret".into(),
+            },
+        );
+        let t = key_token(&k);
+        assert_eq!(t, "_.v1.secrets.ns1.name.my=2Esecret");
+        let p = parse_key_token(&t).unwrap();
+        assert_eq!(p.namespace.as_deref(), Some("ns1"));
+        assert_eq!(p.value.as_deref(), Some("my.secret"));
+        assert_eq!(p.group, "");
+
+        let deploy = Arc::new(ResourceType::new(
+            "apps",
+            "v1",
+            "deployments",
+            "Deployment",
+            true,
+        ));
+        let t = key_token(&Key::new(deploy, Scope::Cluster));
+        assert_eq!(t, "apps.v1.deployments._.all._");
+        let ing = Arc::new(ResourceType::new(
+            "networking.k8s.io",
+            "v1",
+            "ingresses",
+            "Ingress",
+            true,
+        ));
+        let t = key_token(&Key::new(ing, Scope::Namespace("n".into())));
+        assert_eq!(t.split('.').count(), 6);
+        assert_eq!(parse_key_token(&t).unwrap().group, "networking.k8s.io");
+        let pods = Arc::new(ResourceType::new("", "v1", "pods", "Pod", true));
+        let t = key_token(&Key::new(pods, Scope::Node("node-1.example".into())));
+        assert_eq!(t, "_.v1.pods._.node.node-1=2Eexample");
+        assert_eq!(parse_key_token("a.b.c"), None);
+        assert_eq!(parse_key_token("_.v1.secrets._.bogus._"), None);
+    }
+
+    #[test]
+    fn subjects_share_a_prefix() {
+        let s = Subjects::new("kcache");
+        assert_eq!(s.events("T"), "kcache.ev.T");
+        assert_eq!(s.token_of_event("kcache.ev.a.b"), Some("a.b"));
+        assert_eq!(s.token_of_event("kcache.snap.a.b"), None);
+        assert_eq!(s.interest("replica.a"), "kcache.interest.replica=2Ea");
+    }
+}
