@@ -26,7 +26,8 @@ use crate::core::rv::WatchPlan;
 use crate::core::store::Store;
 use crate::core::window::{self, Window};
 use crate::metrics as m;
-use crate::source::{SourceCmd, SourceFactory, SourceHandle, SourceMsg};
+use crate::listener::{Listener, Publish};
+use crate::source::{OwnerSnapshot, Role, SourceCmd, SourceFactory, SourceHandle, SourceMsg};
 use crate::watcher::{self, Watcher};
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -52,6 +53,33 @@ pub struct KeyStatus {
     pub synced: AtomicBool,
     pub objects: AtomicUsize,
     pub watchers: AtomicUsize,
+    /// The key's place in the fleet (`--nats` only).
+    pub fleet: std::sync::Mutex<FleetInfo>,
+}
+
+/// `/debug/keys`' fleet fields of a key.
+#[derive(Debug, Default, Clone)]
+pub struct FleetInfo {
+    /// `owner`, `mirror`, `local`, or "" without NATS.
+    pub role: &'static str,
+    /// The owner's replica id, when known.
+    pub owner: String,
+    /// The owner's epoch (its lease revision).
+    pub epoch: u64,
+    /// The last seq of the owner's event stream this replica published or applied.
+    pub seq: u64,
+}
+
+impl KeyStatus {
+    pub fn fleet(&self) -> FleetInfo {
+        self.fleet.lock().map(|f| f.clone()).unwrap_or_default()
+    }
+
+    pub fn update_fleet(&self, f: impl FnOnce(&mut FleetInfo)) {
+        if let Ok(mut info) = self.fleet.lock() {
+            f(&mut info);
+        }
+    }
 }
 
 /// A consistent view of a key for a list or get.
@@ -134,6 +162,10 @@ pub struct CachedObject {
     probe_in_flight: bool,
     epoch: Instant,
     labels: [(&'static str, String); 2],
+    /// Set while this replica owns the key in the fleet: every event goes out through it.
+    listener: Option<Addr<Listener>>,
+    heartbeat_ms: u64,
+    last_heartbeat_ms: u64,
 }
 
 impl CachedObject {
@@ -165,6 +197,9 @@ impl CachedObject {
             probe_in_flight: false,
             epoch: Instant::now(),
             labels,
+            listener: None,
+            heartbeat_ms: 1_000,
+            last_heartbeat_ms: 0,
         }
     }
 
@@ -181,6 +216,10 @@ impl CachedObject {
 
     fn on_listed(&mut self, items: Vec<Value>, rv: u64) {
         self.probe_in_flight = false;
+        if rv > self.progress {
+            // A probe's progress reaches mirrors by the next heartbeat: send it now.
+            self.last_heartbeat_ms = 0;
+        }
         let before_objects = self.store.len();
         let before_window = self.window.len();
         if !self.synced {
@@ -271,6 +310,26 @@ impl CachedObject {
         }
         for id in slow {
             self.terminate(id);
+        }
+        if let Some(listener) = &self.listener {
+            if let Err(SendError::Full(_)) = listener.try_send(Publish::Event(ev.clone())) {
+                metrics::counter!(m::FLEET_LISTENER_DROPS).increment(1);
+            }
+            self.status.update_fleet(|f| f.seq = ev.seq);
+        }
+    }
+
+    /// An owner's heartbeat: the last seq and the progress RV, so mirrors detect a lost
+    /// last event and can answer bookmarks and RV checks.
+    fn heartbeat(&mut self, now: u64) {
+        if let Some(listener) = &self.listener {
+            if now.saturating_sub(self.last_heartbeat_ms) >= self.heartbeat_ms {
+                self.last_heartbeat_ms = now;
+                let _ = listener.try_send(Publish::Heartbeat {
+                    seq: self.seq,
+                    rv: self.progress,
+                });
+            }
         }
     }
 
@@ -437,7 +496,25 @@ impl CachedObject {
                 self.bookmarks.schedule(id, due);
             }
         }
+        self.heartbeat(now);
         self.serve_pending();
+    }
+
+    fn on_role(&mut self, role: Role) {
+        match role {
+            Role::Owner {
+                epoch,
+                listener,
+                heartbeat,
+            } => {
+                tracing::info!(key = %self.key, epoch, seq = self.seq, "publishing the key's events as its owner");
+                self.listener = Some(listener);
+                self.heartbeat_ms = heartbeat.as_millis() as u64;
+                self.last_heartbeat_ms = 0;
+                self.status.update_fleet(|f| f.seq = self.seq);
+            }
+            Role::Mirror | Role::Local => self.listener = None,
+        }
     }
 }
 
@@ -446,7 +523,7 @@ impl Actor for CachedObject {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         metrics::gauge!(m::CACHED_KEYS).increment(1.0);
-        let (handle, events) = self.sources.start(&self.key);
+        let (handle, events) = self.sources.start(&self.key, &self.status);
         self.source = Some(handle);
         ctx.add_stream(ReceiverStream::new(events));
         ctx.run_interval(Duration::from_millis(250), |act, _| act.tick());
@@ -484,8 +561,21 @@ impl StreamHandler<SourceMsg> for CachedObject {
             SourceMsg::Listed { items, rv } => self.on_listed(items, rv),
             SourceMsg::Event { kind, object, rv } => self.on_event(kind, object, rv),
             SourceMsg::Progress { rv } => {
+                if rv > self.progress {
+                    // Mirrors learn of progress without events from a heartbeat: send it now.
+                    self.last_heartbeat_ms = 0;
+                }
                 self.set_progress(rv);
                 self.serve_pending();
+            }
+            SourceMsg::Role(role) => self.on_role(role),
+            SourceMsg::Snapshot { reply } => {
+                let snap = self.synced.then(|| OwnerSnapshot {
+                    objects: self.store.snapshot(),
+                    rv: self.progress,
+                    seq: self.seq,
+                });
+                let _ = reply.send(snap);
             }
             SourceMsg::Unhealthy { error } => {
                 // Reads keep being served from what is cached; a probe in flight is lost.

@@ -72,3 +72,107 @@ impl CacheConfig {
         Duration::from_secs(self.sync_timeout_secs)
     }
 }
+
+/// `[nats]` in `config/kcache.toml`: the multi-replica fan-out (see `docs/nats.md`).
+/// Used only when kcache runs with `--nats`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NatsConfig {
+    /// Server URL(s), comma-separated; `--nats`/`KCACHE_NATS_URL` override it.
+    pub url: Option<String>,
+    /// User/password authentication.
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// Token authentication (a file holding the token, so it stays out of the config).
+    pub token_file: Option<String>,
+    /// A `.creds` file (JWT + nkey seed), as `nsc` writes.
+    pub creds_file: Option<String>,
+    /// A file holding an nkey seed (`SU…`).
+    pub nkey_seed_file: Option<String>,
+    /// CA bundle to verify the NATS server; setting it (or `require_tls`) uses TLS.
+    pub tls_ca_file: Option<String>,
+    /// Client certificate and key for mutual TLS.
+    pub tls_cert_file: Option<String>,
+    pub tls_key_file: Option<String>,
+    pub require_tls: bool,
+    /// First token of every subject kcache uses.
+    pub subject_prefix: String,
+    /// JetStream KV bucket holding one ownership lease per key (file storage, history 1).
+    pub lease_bucket: String,
+    /// Lease lifetime (the bucket's `max_age`); owners renew every third of it. A dead
+    /// owner's keys move to another replica within about this plus `heartbeat_ms × 3`.
+    pub lease_ttl_ms: u64,
+    /// Owners send a heartbeat (epoch, last seq, progress RV) per key this often: a lost
+    /// last event on a quiet key is noticed within one interval.
+    pub heartbeat_ms: u64,
+    /// Each replica publishes its refcounts this often; records expire after three.
+    pub interest_interval_ms: u64,
+    /// A mirror that has been cut off from NATS this long watches upstream itself until
+    /// NATS is back.
+    pub fallback_after_ms: u64,
+    /// A snapshot request unanswered this long is sent again.
+    pub snapshot_timeout_ms: u64,
+    /// Events queued per owned key for publishing; when full, events are dropped, counted,
+    /// and the mirrors resynchronise from a snapshot (the gap is detected by seq).
+    pub listener_buffer: usize,
+    /// Events a resynchronising mirror holds while its snapshot is on the way.
+    pub mirror_buffer: usize,
+    /// Largest message body sent; larger bodies are chunked. 0 = the server's
+    /// `max_payload` minus room for headers.
+    pub max_chunk_bytes: usize,
+    /// Resources whose objects are sealed (AEAD) on NATS.
+    pub encrypt_resources: Vec<String>,
+    /// Encryption keys: `id` and a file with 32 random bytes, base64-encoded.
+    pub encryption_keys: Vec<EncryptionKey>,
+    /// The key id new messages are sealed with; the others only open old messages.
+    pub encryption_active_key: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EncryptionKey {
+    pub id: String,
+    pub file: String,
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        NatsConfig {
+            url: None,
+            user: None,
+            password: None,
+            token_file: None,
+            creds_file: None,
+            nkey_seed_file: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            require_tls: false,
+            subject_prefix: "kcache".into(),
+            lease_bucket: "kcache-leases".into(),
+            lease_ttl_ms: 5_000,
+            heartbeat_ms: 1_000,
+            interest_interval_ms: 1_000,
+            fallback_after_ms: 10_000,
+            snapshot_timeout_ms: 5_000,
+            listener_buffer: 1_024,
+            mirror_buffer: 10_000,
+            max_chunk_bytes: 0,
+            encrypt_resources: vec!["secrets".into()],
+            encryption_keys: Vec::new(),
+            encryption_active_key: None,
+        }
+    }
+}
+
+impl NatsConfig {
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_millis(self.lease_ttl_ms.max(1_000))
+    }
+    pub fn heartbeat(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_ms.max(50))
+    }
+    pub fn interest_interval(&self) -> Duration {
+        Duration::from_millis(self.interest_interval_ms.max(50))
+    }
+}

@@ -5,11 +5,15 @@
 //! - [`registry::Registry`]: key → refcount; starts and (after a grace period) stops
 //!   [`cached_object::CachedObject`]s.
 //! - [`cached_object::CachedObject`]: one key's store + window, fed by a [`source`].
+//! - [`fleet`]: with `--nats`, ownership leases, event fan-out and mirroring across
+//!   replicas; [`listener::Listener`] publishes an owned key's events.
 //! - [`watcher::Watcher`]: one downstream watch with the API server's cacheWatcher semantics.
 
 pub mod cached_object;
 pub mod config;
 pub mod core;
+pub mod fleet;
+pub mod listener;
 pub mod metrics;
 pub mod registry;
 pub mod source;

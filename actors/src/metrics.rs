@@ -51,3 +51,35 @@ pub fn describe() {
         "Watches answered with 410 Expired because their RV was too old."
     );
 }
+
+pub const FLEET_OWNED_KEYS: &str = "kcache_fleet_owned_keys";
+pub const FLEET_MIRRORED_KEYS: &str = "kcache_fleet_mirrored_keys";
+pub const FLEET_LOCAL_KEYS: &str = "kcache_fleet_local_fallback_keys";
+pub const NATS_IN: &str = "kcache_nats_messages_received_total";
+pub const NATS_OUT: &str = "kcache_nats_messages_published_total";
+pub const NATS_CONNECTED: &str = "kcache_nats_connected";
+pub const NATS_RECONNECTS: &str = "kcache_nats_reconnects_total";
+pub const FLEET_GAPS: &str = "kcache_fleet_gaps_total";
+pub const FLEET_RESYNCS: &str = "kcache_fleet_resyncs_total";
+pub const FLEET_STALE: &str = "kcache_fleet_stale_epoch_rejected_total";
+pub const FLEET_OWNERSHIP_CHANGES: &str = "kcache_fleet_ownership_changes_total";
+pub const FLEET_LISTENER_DROPS: &str = "kcache_fleet_listener_dropped_events_total";
+pub const FLEET_BAD_MESSAGES: &str = "kcache_fleet_bad_messages_total";
+
+/// Describes the fan-out metrics (only registered when kcache runs with `--nats`).
+pub fn describe_fleet() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_gauge!(FLEET_OWNED_KEYS, "Keys this replica owns: it holds their upstream watch and publishes their events.");
+    describe_gauge!(FLEET_MIRRORED_KEYS, "Keys this replica mirrors from their owner over NATS.");
+    describe_gauge!(FLEET_LOCAL_KEYS, "Keys this replica watches upstream itself because NATS is unreachable.");
+    describe_counter!(NATS_IN, "NATS messages received (events, heartbeats, snapshot chunks, requests).");
+    describe_counter!(NATS_OUT, "NATS messages published.");
+    describe_gauge!(NATS_CONNECTED, "1 while connected to NATS.");
+    describe_counter!(NATS_RECONNECTS, "Reconnections to NATS after a disconnect.");
+    describe_counter!(FLEET_GAPS, "Sequence gaps detected by mirrors (lost events or a heartbeat ahead).");
+    describe_counter!(FLEET_RESYNCS, "Snapshot resynchronisations requested by mirrors, by reason.");
+    describe_counter!(FLEET_STALE, "Messages rejected because they came from a fenced-off owner (lower epoch).");
+    describe_counter!(FLEET_OWNERSHIP_CHANGES, "Keys this replica took over or gave up.");
+    describe_counter!(FLEET_LISTENER_DROPS, "Events an owner could not queue for publishing (mirrors resync).");
+    describe_counter!(FLEET_BAD_MESSAGES, "NATS messages that could not be decoded or opened.");
+}

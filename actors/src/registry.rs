@@ -16,10 +16,14 @@ use serde::Serialize;
 use crate::cached_object::{CachedObject, Drain, KeyStatus, Stop};
 use crate::config::CacheConfig;
 use crate::core::key::Key;
+use crate::core::subject::key_token;
+use crate::fleet::Fleet;
 use crate::source::SourceFactory;
 
 struct Entry {
     addr: Addr<CachedObject>,
+    /// The key's NATS token (fleet interest and ownership).
+    token: String,
     refs: usize,
     /// Bumped on every release to zero, so a stale grace timer does nothing.
     generation: u64,
@@ -31,6 +35,7 @@ pub struct Registry {
     sources: Arc<dyn SourceFactory>,
     entries: HashMap<Key, Entry>,
     replica: String,
+    fleet: Option<Arc<Fleet>>,
 }
 
 impl Registry {
@@ -40,7 +45,52 @@ impl Registry {
             sources,
             entries: HashMap::new(),
             replica,
+            fleet: None,
         }
+    }
+
+    /// A replica in a fleet: publishes its refcounts, and keeps owned keys while other
+    /// replicas still hold references.
+    pub fn with_fleet(mut self, fleet: Arc<Fleet>) -> Self {
+        self.fleet = Some(fleet);
+        self
+    }
+
+    /// Publishes every key's refcount (0 during the grace period withdraws it).
+    fn publish_interest(&self) {
+        let Some(fleet) = self.fleet.clone() else {
+            return;
+        };
+        let keys: Vec<(String, u64)> = self
+            .entries
+            .values()
+            .map(|e| (e.token.clone(), e.refs as u64))
+            .collect();
+        actix::spawn(async move { fleet.publish_interest(keys).await });
+    }
+
+    /// Stops a key whose grace period ran out, unless the fleet still needs it: an owner
+    /// keeps the upstream watch while other replicas hold references.
+    fn schedule_stop(&mut self, key: Key, generation: u64, ctx: &mut Context<Self>) {
+        ctx.run_later(self.cfg.grace_period(), move |act, ctx| {
+            let Some(e) = act.entries.get(&key) else {
+                return;
+            };
+            if e.refs != 0 || e.generation != generation {
+                return;
+            }
+            if let Some(fleet) = &act.fleet {
+                let owned = e.status.fleet().role == "owner";
+                if owned && fleet.others_interest(&e.token) > 0 {
+                    act.schedule_stop(key, generation, ctx);
+                    return;
+                }
+            }
+            if let Some(e) = act.entries.remove(&key) {
+                tracing::info!(key = %key, "no references left after the grace period; stopping key");
+                e.addr.do_send(Stop);
+            }
+        });
     }
 
     fn acquire(&mut self, key: Key) -> Addr<CachedObject> {
@@ -52,6 +102,7 @@ impl Registry {
                 .start();
             tracing::info!(key = %key, "caching key");
             Entry {
+                token: key_token(&key),
                 addr,
                 refs: 0,
                 generation: 0,
@@ -74,24 +125,18 @@ impl Registry {
         }
         entry.generation += 1;
         let generation = entry.generation;
-        let key = key.clone();
-        ctx.run_later(self.cfg.grace_period(), move |act, _| {
-            let expired = act
-                .entries
-                .get(&key)
-                .is_some_and(|e| e.refs == 0 && e.generation == generation);
-            if expired {
-                if let Some(e) = act.entries.remove(&key) {
-                    tracing::info!(key = %key, "no references left after the grace period; stopping key");
-                    e.addr.do_send(Stop);
-                }
-            }
-        });
+        self.schedule_stop(key.clone(), generation, ctx);
     }
 }
 
 impl Actor for Registry {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        if let Some(fleet) = &self.fleet {
+            ctx.run_interval(fleet.interest_interval(), |act, _| act.publish_interest());
+        }
+    }
 }
 
 /// Take a reference on a key; the answer is its CachedObject.
@@ -122,6 +167,24 @@ pub struct Hold {
 #[rtype(result = "usize")]
 pub struct DrainAll;
 
+/// Stop every key now (shutdown of a fleet replica: owned keys' leases are released so
+/// other replicas take over at once). Answers the number of keys stopped.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct StopAll;
+
+impl Handler<StopAll> for Registry {
+    type Result = usize;
+
+    fn handle(&mut self, _msg: StopAll, _ctx: &mut Self::Context) -> usize {
+        let n = self.entries.len();
+        for (_, e) in self.entries.drain() {
+            e.addr.do_send(Stop);
+        }
+        n
+    }
+}
+
 /// `/debug/keys`.
 #[derive(Message)]
 #[rtype(result = "DebugKeys")]
@@ -142,6 +205,20 @@ pub struct KeyInfo {
     pub synced: bool,
     pub objects: usize,
     pub watchers: usize,
+    /// Fleet fields, present when running with `--nats`.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetKeyInfo>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FleetKeyInfo {
+    /// `owner`, `mirror` or `local` (NATS unreachable).
+    pub role: &'static str,
+    pub owner: String,
+    pub fleet_refcount: u64,
+    pub epoch: u64,
+    pub seq: u64,
 }
 
 impl Handler<Acquire> for Registry {
@@ -198,6 +275,16 @@ impl Handler<GetDebugKeys> for Registry {
                 synced: e.status.synced.load(Ordering::Relaxed),
                 objects: e.status.objects.load(Ordering::Relaxed),
                 watchers: e.status.watchers.load(Ordering::Relaxed),
+                fleet: self.fleet.as_ref().map(|fleet| {
+                    let f = e.status.fleet();
+                    FleetKeyInfo {
+                        role: f.role,
+                        owner: f.owner,
+                        fleet_refcount: fleet.fleet_interest(&e.token).max(e.refs as u64),
+                        epoch: f.epoch,
+                        seq: f.seq,
+                    }
+                }),
             })
             .collect();
         keys.sort_by(|a, b| a.key.cmp(&b.key));

@@ -12,10 +12,13 @@ use futures::StreamExt;
 use kube::core::WatchEvent;
 use serde_json::Value;
 use thiserror::Error;
-use tokio::sync::{mpsc, Mutex, Semaphore};
+use actix::Addr;
+use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
 use tokio::task::JoinHandle;
 
+use crate::cached_object::KeyStatus;
 use crate::config::CacheConfig;
+use crate::listener::Listener;
 use crate::core::event::object_rv;
 use crate::core::filter::EventType;
 use crate::core::key::{Key, Scope};
@@ -65,6 +68,36 @@ pub enum SourceMsg {
     Progress { rv: u64 },
     /// The source failed and is backing off; reads keep being served from what is cached.
     Unhealthy { error: String },
+    /// The key's role in the fleet changed (only with `--nats`).
+    Role(Role),
+    /// The owner's source answers a mirror's snapshot request: the key's state and the
+    /// seq it corresponds to, or `None` while not synced.
+    Snapshot {
+        reply: oneshot::Sender<Option<OwnerSnapshot>>,
+    },
+}
+
+/// A replica's part in a key (see `fleet`).
+#[derive(Debug)]
+pub enum Role {
+    /// Holds the upstream watch and publishes through `listener` with `epoch`.
+    Owner {
+        epoch: u64,
+        listener: Addr<Listener>,
+        heartbeat: Duration,
+    },
+    /// Fed from the owner over NATS.
+    Mirror,
+    /// Cut off from NATS: watching upstream itself until NATS is back.
+    Local,
+}
+
+/// What an owner's CachedObject hands its source to answer a snapshot request.
+#[derive(Debug)]
+pub struct OwnerSnapshot {
+    pub objects: Vec<Arc<Value>>,
+    pub rv: u64,
+    pub seq: u64,
 }
 
 /// What a CachedObject may ask of its source.
@@ -79,23 +112,43 @@ pub enum SourceCmd {
 pub struct SourceHandle {
     pub commands: mpsc::Sender<SourceCmd>,
     task: JoinHandle<()>,
+    abort_on_drop: bool,
 }
 
 impl SourceHandle {
     pub fn new(commands: mpsc::Sender<SourceCmd>, task: JoinHandle<()>) -> Self {
-        SourceHandle { commands, task }
+        SourceHandle {
+            commands,
+            task,
+            abort_on_drop: true,
+        }
+    }
+
+    /// A handle whose task is not aborted on drop: it sees its command channel close and
+    /// cleans up itself (a fleet source releases its lease).
+    pub fn graceful(commands: mpsc::Sender<SourceCmd>, task: JoinHandle<()>) -> Self {
+        SourceHandle {
+            commands,
+            task,
+            abort_on_drop: false,
+        }
     }
 }
 
 impl Drop for SourceHandle {
     fn drop(&mut self) {
-        self.task.abort();
+        if self.abort_on_drop {
+            self.task.abort();
+        }
     }
 }
 
 /// Starts sources for keys. The registry holds one and hands it to each CachedObject.
 pub trait SourceFactory: Send + Sync + 'static {
-    fn start(&self, key: &Key) -> (SourceHandle, mpsc::Receiver<SourceMsg>);
+    /// `status` is the key's shared status: a fleet source reads the progress RV to resume
+    /// from and records the key's owner, epoch and seq for `/debug/keys`.
+    fn start(&self, key: &Key, status: &Arc<KeyStatus>)
+        -> (SourceHandle, mpsc::Receiver<SourceMsg>);
 }
 
 /// Shared upstream budget: concurrent lists and a pace for list/watch starts, so a burst
@@ -150,8 +203,14 @@ impl UpstreamSource {
     }
 }
 
-impl SourceFactory for UpstreamSource {
-    fn start(&self, key: &Key) -> (SourceHandle, mpsc::Receiver<SourceMsg>) {
+impl UpstreamSource {
+    /// Starts a list+watch of `key`; with `resume`, the first action is a watch from that
+    /// RV (a new owner continuing where its mirror was), relisting only on 410.
+    pub fn start_at(
+        &self,
+        key: &Key,
+        resume: Option<u64>,
+    ) -> (SourceHandle, mpsc::Receiver<SourceMsg>) {
         let (tx, events) = mpsc::channel(64);
         let (commands, cmd_rx) = mpsc::channel(4);
         let run = Run {
@@ -162,8 +221,22 @@ impl SourceFactory for UpstreamSource {
             tx,
             cmds: cmd_rx,
         };
-        let task = tokio::spawn(run.run());
+        let initial = match resume {
+            Some(rv) if rv > 0 => State::Watching { rv },
+            _ => State::Empty { from: None },
+        };
+        let task = tokio::spawn(run.run(initial));
         (SourceHandle::new(commands, task), events)
+    }
+}
+
+impl SourceFactory for UpstreamSource {
+    fn start(
+        &self,
+        key: &Key,
+        _status: &Arc<KeyStatus>,
+    ) -> (SourceHandle, mpsc::Receiver<SourceMsg>) {
+        self.start_at(key, None)
     }
 }
 
@@ -203,12 +276,12 @@ enum WatchEnd {
 }
 
 impl Run {
-    async fn run(mut self) {
+    async fn run(mut self, initial: State) {
         let started = Instant::now();
         let now_ms = || started.elapsed().as_millis() as u64;
         let mut backoff = Backoff::new();
         let mut retry_after = None;
-        let (mut state, mut action) = step(State::Empty { from: None }, Input::Start);
+        let (mut state, mut action) = step(initial, Input::Start);
         loop {
             let input = match action {
                 Action::List { rv } => match self.list(rv).await {

@@ -37,6 +37,7 @@ pub struct Config {
     pub cache: CacheConfig,
     pub auth: AuthConfig,
     pub audit: crate::audit::AuditConfig,
+    pub nats: kcache_actors::config::NatsConfig,
     /// Resources cached in addition to the defaults.
     pub resources: Vec<ResourceEntry>,
 }
@@ -201,6 +202,12 @@ mod tests {
         assert_eq!(cfg.auth.authz_allow_ttl_secs, def.auth.authz_allow_ttl_secs);
         assert_eq!(cfg.auth.authz_deny_ttl_secs, def.auth.authz_deny_ttl_secs);
         assert_eq!(cfg.resource_types().expect("valid").len(), 6);
+        assert_eq!(cfg.nats.lease_ttl_ms, def.nats.lease_ttl_ms);
+        assert_eq!(cfg.nats.heartbeat_ms, def.nats.heartbeat_ms);
+        assert_eq!(cfg.nats.fallback_after_ms, def.nats.fallback_after_ms);
+        assert_eq!(cfg.nats.listener_buffer, def.nats.listener_buffer);
+        assert_eq!(cfg.nats.subject_prefix, def.nats.subject_prefix);
+        assert_eq!(cfg.nats.encrypt_resources, def.nats.encrypt_resources);
     }
 
     #[test]

@@ -36,6 +36,10 @@ struct ServeArgs {
     /// Configuration file (see config/kcache.toml).
     #[arg(long, env = "KCACHE_CONFIG")]
     config: Option<PathBuf>,
+    /// NATS URL: join a fleet of replicas sharing one upstream watch per key
+    /// (see docs/nats.md). Without it, kcache runs as a single replica.
+    #[arg(long, env = "KCACHE_NATS_URL")]
+    nats: Option<String>,
     /// Replica id shown in /debug/keys (default: the config's, else the hostname).
     #[arg(long, env = "KCACHE_REPLICA_ID")]
     replica_id: Option<String>,
@@ -75,6 +79,9 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut cfg = Config::load(args.config.as_deref())?;
     if args.replica_id.is_some() {
         cfg.server.replica_id = args.replica_id;
+    }
+    if args.nats.is_some() {
+        cfg.nats.url = args.nats;
     }
     let kube_config = match &args.kubeconfig {
         Some(path) => {

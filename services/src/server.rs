@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use actix::Actor;
 use actix_web::{web, App, HttpResponse, HttpServer};
-use kcache_actors::registry::{DrainAll, GetDebugKeys, Registry};
+use kcache_actors::fleet::{self, Fleet, FleetSource};
+use kcache_actors::registry::{DrainAll, GetDebugKeys, Registry, StopAll};
 use kcache_actors::source::UpstreamSource;
 use metrics_exporter_prometheus::PrometheusHandle;
 use thiserror::Error;
@@ -35,6 +36,8 @@ pub enum Error {
     Audit(#[source] std::io::Error),
     #[error("serving HTTP: {0}")]
     Serve(#[source] std::io::Error),
+    #[error("joining the fleet: {0}")]
+    Fleet(#[from] kcache_actors::fleet::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -81,8 +84,28 @@ pub async fn run(
     .map_err(Error::UpstreamClient)?;
     let cache_cfg = Arc::new(cfg.cache.clone());
     let replica = cfg.server.replica_id.clone().unwrap_or_else(hostname);
-    let sources = Arc::new(UpstreamSource::new(client.clone(), cache_cfg.clone()));
-    let registry = Registry::new(cache_cfg, sources, replica.clone()).start();
+    let upstream = Arc::new(UpstreamSource::new(client.clone(), cache_cfg.clone()));
+    let fleet = match &cfg.nats.url {
+        Some(url) => {
+            let keyring = fleet::load_keyring(&cfg.nats)?;
+            let nats = fleet::connect(&cfg.nats, url, &replica).await?;
+            tracing::info!(%url, %replica, "joining the fleet over NATS");
+            Some(Fleet::new(
+                nats,
+                Arc::new(cfg.nats.clone()),
+                replica.clone(),
+                keyring,
+                upstream.clone(),
+            ))
+        }
+        None => None,
+    };
+    let registry = match &fleet {
+        Some(f) => Registry::new(cache_cfg, Arc::new(FleetSource(f.clone())), replica.clone())
+            .with_fleet(f.clone()),
+        None => Registry::new(cache_cfg, upstream, replica.clone()),
+    }
+    .start();
     let health = Arc::new(Health::default());
 
     // Readiness opens once the API server has answered (discovery of its version).
@@ -182,6 +205,14 @@ pub async fn run(
     health.draining.store(true, Ordering::Relaxed);
     let watchers = registry.send(DrainAll).await.unwrap_or(0);
     tracing::info!(watchers, "watchers closed");
+    if let Some(fleet) = &fleet {
+        // Hand the keys over now rather than after their leases expire: stopping the keys
+        // releases the leases this replica owns.
+        let keys = registry.send(StopAll).await.unwrap_or(0);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), fleet.client().flush()).await;
+        tracing::info!(keys, "keys stopped, leases released");
+    }
     // Stop accepting; in-flight requests get the grace period.
     let stop = handle.stop(true);
     let _ = tokio::time::timeout(grace, stop).await;

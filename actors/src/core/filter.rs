@@ -35,6 +35,16 @@ impl EventType {
             EventType::Deleted => "DELETED",
         }
     }
+
+    /// Reads a wire `type`; `None` for anything but the three object events.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "ADDED" => Some(EventType::Added),
+            "MODIFIED" => Some(EventType::Modified),
+            "DELETED" => Some(EventType::Deleted),
+            _ => None,
+        }
+    }
 }
 
 /// What one watcher (or list) selects: both selectors must hold.

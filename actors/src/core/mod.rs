@@ -7,6 +7,7 @@
 pub mod bookmark;
 pub mod event;
 pub mod filter;
+pub mod interest;
 pub mod key;
 pub mod mirror;
 pub mod relist;

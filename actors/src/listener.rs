@@ -1,0 +1,133 @@
+//! The owner's publisher of one key: the informer's `processorListener`, bounded.
+//!
+//! The CachedObject `try_send`s every event (and a periodic heartbeat) to its Listener and
+//! never waits on NATS. The Listener publishes in order, one message at a time; while NATS
+//! is slow or away its mailbox fills, further events are dropped and counted
+//! (`kcache_fleet_listener_dropped_events_total`), and the mirrors, seeing the sequence
+//! jump, resynchronise from a snapshot — a resync rather than an unbounded queue.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use bytes::Bytes;
+
+use crate::core::event::StoreEvent;
+use crate::core::seal::Keyring;
+use crate::core::wire::{self, Frame, Kind};
+use crate::metrics as m;
+
+/// What a listener publishes: one event or a heartbeat.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub enum Publish {
+    Event(Arc<StoreEvent>),
+    Heartbeat { seq: u64, rv: u64 },
+}
+
+/// How an owner writes a key's messages: subject, stamp, sealing and chunking.
+#[derive(Clone)]
+pub struct Outlet {
+    pub client: async_nats::Client,
+    pub subject: String,
+    /// The key's token: the associated data of sealed payloads.
+    pub token: String,
+    pub owner: String,
+    pub epoch: u64,
+    pub keyring: Option<Arc<Keyring>>,
+    pub chunk_max: usize,
+}
+
+impl Outlet {
+    /// Publishes one body (sealed when the key's resource is sealed), chunked as needed.
+    pub async fn send(
+        &self,
+        subject: &str,
+        kind: Kind,
+        seq: u64,
+        rv: u64,
+        body: Bytes,
+    ) -> Result<(), String> {
+        let (key_id, body) = match &self.keyring {
+            Some(ring) if !body.is_empty() => {
+                let (id, sealed) = ring
+                    .seal(&body, self.token.as_bytes())
+                    .map_err(|e| e.to_string())?;
+                (Some(id.to_string()), Bytes::from(sealed))
+            }
+            _ => (None, body),
+        };
+        let parts = wire::split(body, self.chunk_max);
+        let total = parts.len() as u32;
+        for (i, part) in parts.into_iter().enumerate() {
+            let frame = Frame {
+                kind,
+                epoch: self.epoch,
+                seq,
+                rv,
+                owner: self.owner.clone(),
+                chunk: (total > 1).then_some((i as u32 + 1, total)),
+                key_id: key_id.clone(),
+            };
+            let mut headers = async_nats::HeaderMap::new();
+            for (name, value) in frame.headers() {
+                headers.insert(name, value.as_str());
+            }
+            self.client
+                .publish_with_headers(subject.to_string(), headers, part)
+                .await
+                .map_err(|e| e.to_string())?;
+            metrics::counter!(m::NATS_OUT).increment(1);
+        }
+        Ok(())
+    }
+}
+
+pub struct Listener {
+    outlet: Outlet,
+    capacity: usize,
+}
+
+impl Listener {
+    pub fn new(outlet: Outlet, capacity: usize) -> Self {
+        Listener { outlet, capacity }
+    }
+}
+
+impl Actor for Listener {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(self.capacity.max(1));
+    }
+}
+
+impl Handler<Publish> for Listener {
+    type Result = ();
+
+    fn handle(&mut self, msg: Publish, ctx: &mut Self::Context) {
+        let outlet = self.outlet.clone();
+        let subject = outlet.subject.clone();
+        // `wait` holds the mailbox until this publish is handed to the client: order is
+        // kept and a stuck connection backs up into the bounded mailbox, not into memory.
+        ctx.wait(
+            async move {
+                let res = match msg {
+                    Publish::Event(ev) => {
+                        outlet
+                            .send(&subject, Kind::Event, ev.seq, ev.rv, ev.line.clone())
+                            .await
+                    }
+                    Publish::Heartbeat { seq, rv } => {
+                        outlet
+                            .send(&subject, Kind::Heartbeat, seq, rv, Bytes::new())
+                            .await
+                    }
+                };
+                if let Err(error) = res {
+                    tracing::warn!(subject = %subject, %error, "publishing to NATS failed");
+                }
+            }
+            .into_actor(self),
+        );
+    }
+}
