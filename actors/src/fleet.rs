@@ -22,7 +22,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, kv};
 use async_nats::{Client, ConnectOptions, Message, Subscriber};
 use base64::Engine;
 use bytes::Bytes;
@@ -37,6 +36,7 @@ use crate::config::NatsConfig;
 use crate::core::event::EventType;
 use crate::core::interest::Interest;
 use crate::core::key::Key;
+use crate::core::lease;
 use crate::core::mirror::{Input, Mirror, Output, Resync, Stamp};
 use crate::core::seal::{self, Keyring};
 use crate::core::subject::{key_token, Subjects};
@@ -180,8 +180,7 @@ pub fn load_keyring(cfg: &NatsConfig) -> Result<Option<Arc<Keyring>>> {
 /// table and the upstream it falls back to.
 pub struct Fleet {
     client: Client,
-    js: jetstream::Context,
-    kv: tokio::sync::Mutex<Option<kv::Store>>,
+    leases_ready: std::sync::atomic::AtomicBool,
     cfg: Arc<NatsConfig>,
     replica: String,
     subjects: Subjects,
@@ -206,13 +205,10 @@ impl Fleet {
         keyring: Option<Arc<Keyring>>,
         upstream: Arc<UpstreamSource>,
     ) -> Arc<Self> {
-        let mut js = jetstream::new(client.clone());
-        js.set_timeout(Duration::from_secs(2));
         let fleet = Arc::new(Fleet {
             subjects: Subjects::new(&cfg.subject_prefix),
             client,
-            js,
-            kv: tokio::sync::Mutex::new(None),
+            leases_ready: std::sync::atomic::AtomicBool::new(false),
             cfg,
             replica,
             keyring,
@@ -332,73 +328,99 @@ impl Fleet {
         }
     }
 
-    /// The lease bucket, opened (or created: file storage, history 1, `max_age` = TTL) on
-    /// first use and again after an error (the server may have lost it).
-    async fn kv(&self) -> Result<kv::Store, String> {
-        let mut slot = self.kv.lock().await;
-        if let Some(store) = slot.as_ref() {
-            return Ok(store.clone());
-        }
-        let store = match self.js.get_key_value(&self.cfg.lease_bucket).await {
-            Ok(s) => s,
-            Err(_) => self
-                .js
-                .create_key_value(kv::Config {
-                    bucket: self.cfg.lease_bucket.clone(),
-                    description: "kcache ownership leases, one per key".into(),
-                    history: 1,
-                    max_age: self.cfg.lease_ttl(),
-                    storage: jetstream::stream::StorageType::File,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| e.to_string())?,
+    /// A JetStream API request with a deadline; the answer's body.
+    async fn js_request(
+        &self,
+        subject: String,
+        headers: Option<async_nats::HeaderMap>,
+        body: Bytes,
+    ) -> Result<Bytes, String> {
+        let req = async {
+            match headers {
+                Some(h) => self.client.request_with_headers(subject, h, body).await,
+                None => self.client.request(subject, body).await,
+            }
         };
-        *slot = Some(store.clone());
-        Ok(store)
+        match tokio::time::timeout(Duration::from_secs(2), req).await {
+            Ok(Ok(msg)) => Ok(msg.payload),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("timed out".into()),
+        }
     }
 
-    async fn forget_kv(&self) {
-        *self.kv.lock().await = None;
+    /// Creates the lease stream once (again after an error: the server may have lost it).
+    async fn ensure_leases(&self) -> Result<(), String> {
+        if self.leases_ready.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        let bucket = &self.cfg.lease_bucket;
+        let config = lease::stream_config(bucket, self.cfg.lease_ttl().as_millis() as u64);
+        let subject = format!("$JS.API.STREAM.CREATE.{}", lease::stream_name(bucket));
+        let body = self
+            .js_request(subject, None, Bytes::from(config.to_string()))
+            .await?;
+        match lease::api_result(&body) {
+            Ok(()) => {}
+            // It exists already (another replica made it first).
+            Err(e) if e.err_code == lease::STREAM_NAME_IN_USE => {}
+            Err(e) => return Err(format!("creating the lease stream: {}", e.description)),
+        }
+        self.leases_ready
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Compare-and-set write of this replica's lease on `token`.
+    async fn write_lease(&self, token: &str, expected: u64) -> Result<lease::Ack, String> {
+        self.ensure_leases().await?;
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            lease::EXPECTED_LAST_SUBJECT_SEQ,
+            expected.to_string().as_str(),
+        );
+        let subject = lease::lease_subject(&self.cfg.lease_bucket, token);
+        match self
+            .js_request(subject, Some(headers), Bytes::from(self.replica.clone()))
+            .await
+        {
+            Ok(body) => Ok(lease::parse_ack(&body)),
+            Err(e) => {
+                self.leases_ready
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                Err(e)
+            }
+        }
     }
 
     /// Tries to create the key's lease: `Ok(Some(epoch))` when this replica now owns it.
     async fn claim(&self, token: &str) -> Result<Option<u64>, String> {
-        let store = self.kv().await?;
-        match store.create(token, self.replica.clone().into()).await {
-            Ok(rev) => Ok(Some(rev)),
-            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(None),
-            Err(e) => {
-                self.forget_kv().await;
-                Err(e.to_string())
-            }
+        match self.write_lease(token, 0).await? {
+            lease::Ack::Written(rev) => Ok(Some(rev)),
+            lease::Ack::Conflict => Ok(None),
+            lease::Ack::Failed(e) => Err(e),
         }
     }
 
     /// Renews the lease held at `rev`: `Ok(Some(new))`, `Ok(None)` when it was lost.
     async fn renew(&self, token: &str, rev: u64) -> Result<Option<u64>, String> {
-        let store = self.kv().await?;
-        match store.update(token, self.replica.clone().into(), rev).await {
-            Ok(rev) => Ok(Some(rev)),
-            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
-            Err(e) => {
-                self.forget_kv().await;
-                Err(e.to_string())
-            }
+        match self.write_lease(token, rev).await? {
+            lease::Ack::Written(rev) => Ok(Some(rev)),
+            lease::Ack::Conflict => Ok(None),
+            lease::Ack::Failed(e) => Err(e),
         }
     }
 
+    /// Deletes the lease message at `rev` (only ours: a newer owner's message has another
+    /// sequence), so the next claim succeeds without waiting for the TTL.
     async fn release(&self, token: &str, rev: u64) {
-        if let Ok(store) = self.kv().await {
-            let res = tokio::time::timeout(
-                Duration::from_secs(1),
-                store.delete_expect_revision(token, Some(rev)),
-            )
-            .await;
-            match res {
-                Ok(Ok(())) => tracing::debug!(token, "lease released"),
-                _ => tracing::debug!(token, "lease not released; it will expire"),
-            }
+        let subject = format!(
+            "$JS.API.STREAM.MSG.DELETE.{}",
+            lease::stream_name(&self.cfg.lease_bucket)
+        );
+        let body = serde_json::json!({ "seq": rev, "no_erase": true }).to_string();
+        match self.js_request(subject, None, Bytes::from(body)).await {
+            Ok(b) if lease::api_result(&b).is_ok() => tracing::debug!(token, "lease released"),
+            _ => tracing::debug!(token, "lease not released; it will expire"),
         }
     }
 
@@ -451,7 +473,8 @@ impl SourceFactory for FleetSource {
             tx,
             cmds,
         };
-        let handle = tokio::spawn(task.run());
+        // On the arbiter (spawn_local): an owner starts its Listener actor from this task.
+        let handle = actix::spawn(task.run());
         (SourceHandle::graceful(commands, handle), events)
     }
 }
@@ -762,6 +785,12 @@ impl KeyTask {
                     if msg.subject.as_str() != wanted {
                         continue;
                     }
+                    if msg.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+                        // No owner yet (or it just died): ask again shortly; the claim
+                        // timer takes the key if the silence lasts.
+                        snapshot_due = Instant::now() + Duration::from_millis(500);
+                        continue;
+                    }
                     match self.on_snapshot_message(&msg, &mut snap_parts) {
                         Ok(Some(input)) => {
                             let outputs = self.mirror.on(fleet.now_ms(), input);
@@ -778,7 +807,7 @@ impl KeyTask {
                         Err(SnapshotReply::Bad(error)) => {
                             metrics::counter!(m::FLEET_BAD_MESSAGES).increment(1);
                             tracing::warn!(key = %self.key, %error, "undecodable snapshot; asking again");
-                            resync = true;
+                            snapshot_due = Instant::now() + Duration::from_millis(200);
                         }
                     }
                 },

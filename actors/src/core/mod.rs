@@ -9,6 +9,7 @@ pub mod event;
 pub mod filter;
 pub mod interest;
 pub mod key;
+pub mod lease;
 pub mod mirror;
 pub mod relist;
 pub mod rv;
