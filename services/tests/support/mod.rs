@@ -18,7 +18,9 @@
 
 #![allow(dead_code)]
 
+pub mod judge;
 pub mod kcache;
+pub mod nats;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

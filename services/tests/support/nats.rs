@@ -1,0 +1,126 @@
+//! A real `nats-server` (JetStream on, token auth) per test, on a fixed free port so it
+//! can be killed with SIGKILL and restarted on the same port with the same store, and
+//! the kcache `[nats]` configuration that points a replica at it.
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The token every test NATS server requires.
+pub const NATS_TOKEN: &str = "nats-test-token";
+
+pub struct Nats {
+    pub port: u16,
+    pub dir: PathBuf,
+    child: Option<Child>,
+}
+
+fn nats_server() -> String {
+    for p in ["/usr/sbin/nats-server", "/usr/bin/nats-server", "/usr/local/bin/nats-server"] {
+        if Path::new(p).exists() {
+            return p.to_string();
+        }
+    }
+    "nats-server".to_string()
+}
+
+impl Nats {
+    /// Starts a server in a fresh directory under `parent`.
+    pub fn start(parent: &Path) -> Nats {
+        let port = super::free_port();
+        let dir = parent.join(format!("nats-{port}"));
+        std::fs::create_dir_all(&dir).expect("nats dir");
+        let mut n = Nats {
+            port,
+            dir,
+            child: None,
+        };
+        n.spawn();
+        n
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("nats.log"))
+            .expect("nats log");
+        let child = Command::new(nats_server())
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js"])
+            .arg("-sd")
+            .arg(self.dir.join("store"))
+            .args(["--auth", NATS_TOKEN])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start nats-server (apt install nats-server)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "nats-server did not listen");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILL: no goodbye to clients, as a crash.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts again on the same port with the same JetStream store.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// A client authenticated like kcache's replicas.
+    pub async fn client(&self) -> async_nats::Client {
+        async_nats::ConnectOptions::new()
+            .token(NATS_TOKEN.into())
+            .connect(self.url())
+            .await
+            .expect("connect to the test NATS")
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// `[cache]` and `[nats]` TOML for a replica of a test fleet: token auth, a sealing key
+/// (files written into `dir`), and timings short enough for tests.
+pub fn fleet_toml(dir: &Path, nats: &Nats, extra_nats: &str) -> String {
+    let token = dir.join("nats-token");
+    std::fs::write(&token, NATS_TOKEN).expect("token file");
+    let key = dir.join("nats-key-k1");
+    // 32 bytes, base64: a fixed test key (every replica of the fleet must share it).
+    std::fs::write(&key, "a2NhY2hlLXRlc3Qta2V5LTMyLWJ5dGVzLWxvbmchISE=\n").expect("key file");
+    format!(
+        r#"[cache]
+grace_period_secs = 5
+
+[nats]
+url = "{url}"
+token_file = "{token}"
+encryption_active_key = "k1"
+{extra_nats}
+
+[[nats.encryption_keys]]
+id = "k1"
+file = "{key}"
+"#,
+        url = nats.url(),
+        token = token.display(),
+        key = key.display(),
+    )
+}
