@@ -25,8 +25,8 @@ use crate::core::relist;
 use crate::core::rv::WatchPlan;
 use crate::core::store::Store;
 use crate::core::window::{self, Window};
-use crate::metrics as m;
 use crate::listener::{Listener, Publish};
+use crate::metrics as m;
 use crate::source::{OwnerSnapshot, Role, SourceCmd, SourceFactory, SourceHandle, SourceMsg};
 use crate::watcher::{self, Watcher};
 

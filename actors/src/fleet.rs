@@ -136,12 +136,10 @@ pub async fn connect(cfg: &NatsConfig, url: &str, replica: &str) -> Result<Clien
         opts = opts.require_tls(true);
     }
     metrics::gauge!(m::NATS_CONNECTED).set(0.0);
-    opts.connect(url)
-        .await
-        .map_err(|source| Error::Connect {
-            url: url.to_string(),
-            source,
-        })
+    opts.connect(url).await.map_err(|source| Error::Connect {
+        url: url.to_string(),
+        source,
+    })
 }
 
 /// The key ring from `[nats] encryption_keys`; an error when something must be sealed and
@@ -893,7 +891,9 @@ impl KeyTask {
                 .open(id, &body, self.token.as_bytes())
                 .map(|b| Some(Bytes::from(b)))
                 .map_err(|e| e.to_string()),
-            (Some(id), None) => Err(format!("sealed with key {id:?} but this replica has no keys")),
+            (Some(id), None) => Err(format!(
+                "sealed with key {id:?} but this replica has no keys"
+            )),
             (None, Some(_)) if !body.is_empty() => {
                 Err("plaintext payload for a sealed resource refused".into())
             }
@@ -1055,7 +1055,9 @@ enum SnapshotReply {
 /// A snapshot body: a `List` as the API server would answer it.
 fn encode_list(snap: &OwnerSnapshot) -> Bytes {
     let mut out = Vec::with_capacity(256 + snap.objects.len() * 512);
-    out.extend_from_slice(b"{\"kind\":\"List\",\"apiVersion\":\"v1\",\"metadata\":{\"resourceVersion\":\"");
+    out.extend_from_slice(
+        b"{\"kind\":\"List\",\"apiVersion\":\"v1\",\"metadata\":{\"resourceVersion\":\"",
+    );
     out.extend_from_slice(snap.rv.to_string().as_bytes());
     out.extend_from_slice(b"\"},\"items\":[");
     for (i, o) in snap.objects.iter().enumerate() {

@@ -69,17 +69,47 @@ pub const FLEET_BAD_MESSAGES: &str = "kcache_fleet_bad_messages_total";
 /// Describes the fan-out metrics (only registered when kcache runs with `--nats`).
 pub fn describe_fleet() {
     use metrics::{describe_counter, describe_gauge};
-    describe_gauge!(FLEET_OWNED_KEYS, "Keys this replica owns: it holds their upstream watch and publishes their events.");
-    describe_gauge!(FLEET_MIRRORED_KEYS, "Keys this replica mirrors from their owner over NATS.");
-    describe_gauge!(FLEET_LOCAL_KEYS, "Keys this replica watches upstream itself because NATS is unreachable.");
-    describe_counter!(NATS_IN, "NATS messages received (events, heartbeats, snapshot chunks, requests).");
+    describe_gauge!(
+        FLEET_OWNED_KEYS,
+        "Keys this replica owns: it holds their upstream watch and publishes their events."
+    );
+    describe_gauge!(
+        FLEET_MIRRORED_KEYS,
+        "Keys this replica mirrors from their owner over NATS."
+    );
+    describe_gauge!(
+        FLEET_LOCAL_KEYS,
+        "Keys this replica watches upstream itself because NATS is unreachable."
+    );
+    describe_counter!(
+        NATS_IN,
+        "NATS messages received (events, heartbeats, snapshot chunks, requests)."
+    );
     describe_counter!(NATS_OUT, "NATS messages published.");
     describe_gauge!(NATS_CONNECTED, "1 while connected to NATS.");
     describe_counter!(NATS_RECONNECTS, "Reconnections to NATS after a disconnect.");
-    describe_counter!(FLEET_GAPS, "Sequence gaps detected by mirrors (lost events or a heartbeat ahead).");
-    describe_counter!(FLEET_RESYNCS, "Snapshot resynchronisations requested by mirrors, by reason.");
-    describe_counter!(FLEET_STALE, "Messages rejected because they came from a fenced-off owner (lower epoch).");
-    describe_counter!(FLEET_OWNERSHIP_CHANGES, "Keys this replica took over or gave up.");
-    describe_counter!(FLEET_LISTENER_DROPS, "Events an owner could not queue for publishing (mirrors resync).");
-    describe_counter!(FLEET_BAD_MESSAGES, "NATS messages that could not be decoded or opened.");
+    describe_counter!(
+        FLEET_GAPS,
+        "Sequence gaps detected by mirrors (lost events or a heartbeat ahead)."
+    );
+    describe_counter!(
+        FLEET_RESYNCS,
+        "Snapshot resynchronisations requested by mirrors, by reason."
+    );
+    describe_counter!(
+        FLEET_STALE,
+        "Messages rejected because they came from a fenced-off owner (lower epoch)."
+    );
+    describe_counter!(
+        FLEET_OWNERSHIP_CHANGES,
+        "Keys this replica took over or gave up."
+    );
+    describe_counter!(
+        FLEET_LISTENER_DROPS,
+        "Events an owner could not queue for publishing (mirrors resync)."
+    );
+    describe_counter!(
+        FLEET_BAD_MESSAGES,
+        "NATS messages that could not be decoded or opened."
+    );
 }

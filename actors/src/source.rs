@@ -8,21 +8,21 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use actix::Addr;
 use futures::StreamExt;
 use kube::core::WatchEvent;
 use serde_json::Value;
 use thiserror::Error;
-use actix::Addr;
 use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::cached_object::KeyStatus;
 use crate::config::CacheConfig;
-use crate::listener::Listener;
 use crate::core::event::object_rv;
 use crate::core::filter::EventType;
 use crate::core::key::{Key, Scope};
 use crate::core::upstream::{step, Action, Backoff, Input, State};
+use crate::listener::Listener;
 use crate::metrics as m;
 
 #[derive(Debug, Error)]
@@ -147,8 +147,11 @@ impl Drop for SourceHandle {
 pub trait SourceFactory: Send + Sync + 'static {
     /// `status` is the key's shared status: a fleet source reads the progress RV to resume
     /// from and records the key's owner, epoch and seq for `/debug/keys`.
-    fn start(&self, key: &Key, status: &Arc<KeyStatus>)
-        -> (SourceHandle, mpsc::Receiver<SourceMsg>);
+    fn start(
+        &self,
+        key: &Key,
+        status: &Arc<KeyStatus>,
+    ) -> (SourceHandle, mpsc::Receiver<SourceMsg>);
 }
 
 /// Shared upstream budget: concurrent lists and a pace for list/watch starts, so a burst

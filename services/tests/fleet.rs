@@ -97,7 +97,10 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
             "stringData": {"v": format!("secret-plaintext-{i}-0")},
         }))
         .expect("secret");
-        secrets.create(&Default::default(), &s).await.expect("create");
+        secrets
+            .create(&Default::default(), &s)
+            .await
+            .expect("create");
     }
     let baseline = cluster.registered_watchers("Secret").await;
 
@@ -119,7 +122,11 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
                 let (added, modified) = (added.clone(), modified.clone());
                 let want = format!("s{i}");
                 tasks.push(spawn_watch(http.clone(), url, move |ev| {
-                    assert_eq!(ev["object"]["metadata"]["name"], want.as_str(), "replica {r}");
+                    assert_eq!(
+                        ev["object"]["metadata"]["name"],
+                        want.as_str(),
+                        "replica {r}"
+                    );
                     match ev["type"].as_str() {
                         Some("ADDED") => added.fetch_add(1, Ordering::Relaxed),
                         Some("MODIFIED") => modified.fetch_add(1, Ordering::Relaxed),
@@ -130,10 +137,14 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
             }
         }
     }
-    eventually("1,200 watches got their object", Duration::from_secs(90), || {
-        let added = added.clone();
-        async move { added.load(Ordering::Relaxed) == 1200 }
-    })
+    eventually(
+        "1,200 watches got their object",
+        Duration::from_secs(90),
+        || {
+            let added = added.clone();
+            async move { added.load(Ordering::Relaxed) == 1200 }
+        },
+    )
     .await;
     eventually(
         "the fleet holds exactly 100 upstream watches",
@@ -158,7 +169,9 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
         let key = format!("/api/v1/namespaces/fleet/secrets/s{i}");
         let mut owners = 0;
         for k in &replicas {
-            let info = key_info(k, &key).await.expect("key cached on every replica");
+            let info = key_info(k, &key)
+                .await
+                .expect("key cached on every replica");
             if info["role"] == "owner" {
                 owners += 1;
                 assert_eq!(info["fleetRefcount"], 12, "{info}");
@@ -171,14 +184,22 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
     for i in 0..100 {
         let patch = json!({"stringData": {"v": format!("secret-plaintext-{i}-1")}});
         secrets
-            .patch(&format!("s{i}"), &Default::default(), &kube::api::Patch::Merge(&patch))
+            .patch(
+                &format!("s{i}"),
+                &Default::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
             .await
             .expect("update");
     }
-    eventually("every watch on every replica got the update", Duration::from_secs(60), || {
-        let modified = modified.clone();
-        async move { modified.load(Ordering::Relaxed) == 1200 }
-    })
+    eventually(
+        "every watch on every replica got the update",
+        Duration::from_secs(60),
+        || {
+            let modified = modified.clone();
+            async move { modified.load(Ordering::Relaxed) == 1200 }
+        },
+    )
     .await;
     for t in tasks {
         t.abort();
@@ -191,7 +212,10 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
         "stringData": {"blob": big_value},
     }))
     .expect("big secret");
-    secrets.create(&Default::default(), &big).await.expect("create big");
+    secrets
+        .create(&Default::default(), &big)
+        .await
+        .expect("create big");
     let big_rv = secrets
         .get("big")
         .await
@@ -207,14 +231,17 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
         );
         let (tx, rx) = tokio::sync::oneshot::channel();
         let mut tx = Some(tx);
-        watches.push((spawn_watch(http.clone(), url, move |ev| {
-            if ev["type"] == "ADDED" || ev["type"] == "MODIFIED" {
-                if let Some(tx) = tx.take() {
-                    let _ = tx.send(ev);
+        watches.push((
+            spawn_watch(http.clone(), url, move |ev| {
+                if ev["type"] == "ADDED" || ev["type"] == "MODIFIED" {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(ev);
+                    }
                 }
-            }
-            true
-        }), rx));
+                true
+            }),
+            rx,
+        ));
     }
     let patch = json!({"metadata": {"annotations": {"touched": "annotation-plaintext-big"}}});
     secrets
@@ -227,7 +254,11 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
             .expect("the big secret arrives on every replica")
             .expect("event");
         let blob = ev["object"]["data"]["blob"].as_str().unwrap_or("");
-        assert!(blob.len() > 1024 * 1024, "replica {r}: blob of {} bytes", blob.len());
+        assert!(
+            blob.len() > 1024 * 1024,
+            "replica {r}: blob of {} bytes",
+            blob.len()
+        );
         assert!(ev["object"]["metadata"]["resourceVersion"].as_str() >= Some(big_rv.as_str()));
         task.abort();
     }
@@ -247,7 +278,7 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
             b"secret-plaintext-1".to_vec(),
             b"annotation-plaintext-".to_vec(),
             b64("secret-plaintext-1").into_bytes(),
-            b64("secret-plaintext-42-1")[..16].as_bytes().to_vec(),
+            b64("secret-plaintext-42-1").as_bytes()[..16].to_vec(),
             b"xxxxxxxxxxxxxxxx".to_vec(),
             b64("xxxxxxxxxxxx").into_bytes(),
         ] {
@@ -275,7 +306,10 @@ async fn owner_a_judge_on_b(
     // A watch on `a` first, so `a` owns the key.
     let hold_a = spawn_watch(
         support::insecure_http(),
-        format!("{}/api/v1/namespaces/{ns}/configmaps?watch=1&resourceVersion=0", a.url),
+        format!(
+            "{}/api/v1/namespaces/{ns}/configmaps?watch=1&resourceVersion=0",
+            a.url
+        ),
         |_| true,
     );
     eventually("a owns the key", Duration::from_secs(30), || async {
@@ -348,9 +382,11 @@ async fn nats_killed_and_restarted_on_its_port() {
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
     nats.kill9();
-    eventually("b serves from its own upstream watch", Duration::from_secs(20), || async {
-        role(&b, key).await == "local"
-    })
+    eventually(
+        "b serves from its own upstream watch",
+        Duration::from_secs(20),
+        || async { role(&b, key).await == "local" },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     nats.restart();
@@ -389,19 +425,23 @@ async fn a_paused_owner_is_fenced_off() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     a.pause();
     let new_owner = Arc::new(Mutex::new(None));
-    eventually("b or c takes the key over from the paused owner", Duration::from_secs(30), || {
-        let new_owner = new_owner.clone();
-        let (b, c) = (&b, &c);
-        async move {
-            for (name, k) in [("b", b), ("c", c)] {
-                if role(k, key).await == "owner" {
-                    *new_owner.lock().expect("owner") = Some(name);
-                    return true;
+    eventually(
+        "b or c takes the key over from the paused owner",
+        Duration::from_secs(30),
+        || {
+            let new_owner = new_owner.clone();
+            let (b, c) = (&b, &c);
+            async move {
+                for (name, k) in [("b", b), ("c", c)] {
+                    if role(k, key).await == "owner" {
+                        *new_owner.lock().expect("owner") = Some(name);
+                        return true;
+                    }
                 }
+                false
             }
-            false
-        }
-    })
+        },
+    )
     .await;
     let (owner, mirror) = match *new_owner.lock().expect("owner") {
         Some("b") => (&b, &c),
@@ -411,19 +451,35 @@ async fn a_paused_owner_is_fenced_off() {
         .as_u64()
         .unwrap_or(0);
     assert!(epoch > epoch_a, "epochs only grow: {epoch_a} then {epoch}");
-    eventually("the mirror follows the new owner", Duration::from_secs(20), || async {
-        key_info(mirror, key).await.and_then(|i| i["epoch"].as_u64()) == Some(epoch)
-    })
+    eventually(
+        "the mirror follows the new owner",
+        Duration::from_secs(20),
+        || async {
+            key_info(mirror, key)
+                .await
+                .and_then(|i| i["epoch"].as_u64())
+                == Some(epoch)
+        },
+    )
     .await;
     // a wakes up believing it still owns the key: what it publishes is refused.
     a.resume();
-    eventually("a's late messages are rejected", Duration::from_secs(20), || async {
-        mirror.metric("kcache_fleet_stale_epoch_rejected_total").await > 0.0
-    })
+    eventually(
+        "a's late messages are rejected",
+        Duration::from_secs(20),
+        || async {
+            mirror
+                .metric("kcache_fleet_stale_epoch_rejected_total")
+                .await
+                > 0.0
+        },
+    )
     .await;
-    eventually("a steps down and follows the new owner", Duration::from_secs(20), || async {
-        role(&a, key).await == "mirror"
-    })
+    eventually(
+        "a steps down and follows the new owner",
+        Duration::from_secs(20),
+        || async { role(&a, key).await == "mirror" },
+    )
     .await;
     writes.await.expect("writes");
     random_ops(&upstream, 30, Duration::ZERO).await;

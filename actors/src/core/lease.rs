@@ -81,15 +81,11 @@ pub struct ApiError {
 /// Reads a publish acknowledgement.
 pub fn parse_ack(body: &[u8]) -> Ack {
     match serde_json::from_slice::<RawAck>(body) {
-        Ok(RawAck {
-            error: Some(e), ..
-        }) if e.err_code == WRONG_LAST_SEQUENCE => Ack::Conflict,
-        Ok(RawAck {
-            error: Some(e), ..
-        }) => Ack::Failed(format!("{} ({})", e.description, e.err_code)),
-        Ok(RawAck {
-            seq: Some(seq), ..
-        }) => Ack::Written(seq),
+        Ok(RawAck { error: Some(e), .. }) if e.err_code == WRONG_LAST_SEQUENCE => Ack::Conflict,
+        Ok(RawAck { error: Some(e), .. }) => {
+            Ack::Failed(format!("{} ({})", e.description, e.err_code))
+        }
+        Ok(RawAck { seq: Some(seq), .. }) => Ack::Written(seq),
         _ => Ack::Failed(format!(
             "unexpected acknowledgement: {}",
             String::from_utf8_lossy(body)
@@ -120,7 +116,10 @@ mod tests {
 
     #[test]
     fn acks_are_read() {
-        assert_eq!(parse_ack(br#"{"stream":"KV_l","seq":42}"#), Ack::Written(42));
+        assert_eq!(
+            parse_ack(br#"{"stream":"KV_l","seq":42}"#),
+            Ack::Written(42)
+        );
         assert_eq!(
             parse_ack(
                 br#"{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 41"}}"#
@@ -142,7 +141,10 @@ mod tests {
 
     #[test]
     fn names_and_config() {
-        assert_eq!(lease_subject("b", "_.v1.secrets.n.name.x"), "$KV.b._.v1.secrets.n.name.x");
+        assert_eq!(
+            lease_subject("b", "_.v1.secrets.n.name.x"),
+            "$KV.b._.v1.secrets.n.name.x"
+        );
         let c = stream_config("b", 5_000);
         assert_eq!(c["name"], "KV_b");
         assert_eq!(c["max_age"], 5_000_000_000u64);

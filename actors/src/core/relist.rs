@@ -4,7 +4,9 @@
 //! As client-go's `DeltaFIFO.Replace`: listed objects are updates, known keys missing from
 //! the list are deletions. Events come out in non-decreasing RV order: changed and new
 //! objects at their own RV (each is newer than anything the key saw before the gap), a
-//! replaced object (same name, new UID) as DELETED then ADDED at the new object's RV, and
+//! replaced object (same name, new UID) as DELETED just before (one RV below) the new
+//! object's ADDED — the deletion happened in between, and no two events of one object
+//! may share a resourceVersion — and
 //! plain deletions last, at the relist RV (their real deletion RV is unknown).
 
 use std::collections::BTreeMap;
@@ -42,10 +44,11 @@ pub fn diff(store: &Store, listed: Vec<Value>, list_rv: u64) -> Vec<Change> {
             }),
             Some(new) if object_uid(&new) != object_uid(old) => {
                 let rv = object_rv(&new);
+                let deleted_at = rv.saturating_sub(1).max(object_rv(old));
                 changes.push(Change {
                     kind: EventType::Deleted,
-                    rv,
-                    object: Arc::new(with_rv(old, rv)),
+                    rv: deleted_at,
+                    object: Arc::new(with_rv(old, deleted_at)),
                     prev: Some(old.clone()),
                 });
                 changes.push(Change {
@@ -134,7 +137,7 @@ mod tests {
         assert_eq!(
             summary(&got),
             vec![
-                (Deleted, "c".into(), 20),
+                (Deleted, "c".into(), 19),
                 (Added, "c".into(), 20),
                 (Added, "e".into(), 25),
                 (Modified, "b".into(), 30),
@@ -142,7 +145,7 @@ mod tests {
             ]
         );
         // A synthetic DELETED carries the RV it is sent at, and the old object's UID.
-        assert_eq!(got[0].object["metadata"]["resourceVersion"], "20");
+        assert_eq!(got[0].object["metadata"]["resourceVersion"], "19");
         assert_eq!(got[0].object["metadata"]["uid"], "3");
         assert_eq!(got[4].object["metadata"]["resourceVersion"], "40");
         assert_eq!(got[3].prev.as_ref().map(|p| object_rv(p)), Some(6));

@@ -74,7 +74,8 @@ impl Judge {
                     s.violations.push(format!("{name}: rv {rv} after {last}"));
                 }
                 if matches!(ev, watcher::Event::Apply(_)) && rv == last {
-                    s.violations.push(format!("{name}: duplicate event at rv {rv}"));
+                    s.violations
+                        .push(format!("{name}: duplicate event at rv {rv}"));
                 }
                 s.last_rv.insert(name, rv);
             }
@@ -98,9 +99,20 @@ impl Judge {
     /// Panics with what went wrong when the judge saw a violation, an error or a relist.
     pub fn assert_clean(&self, who: &str) {
         let s = self.seen.lock().expect("seen");
-        assert!(s.violations.is_empty(), "{who}: resourceVersion violations: {:?}", s.violations);
-        assert!(s.errors.is_empty(), "{who}: the watch broke: {:?}", s.errors);
-        assert_eq!(s.inits, 1, "{who}: the watcher relisted (its watch was restarted)");
+        assert!(
+            s.violations.is_empty(),
+            "{who}: resourceVersion violations: {:?}",
+            s.violations
+        );
+        assert!(
+            s.errors.is_empty(),
+            "{who}: the watch broke: {:?}",
+            s.errors
+        );
+        assert_eq!(
+            s.inits, 1,
+            "{who}: the watcher relisted (its watch was restarted)"
+        );
     }
 }
 
@@ -133,7 +145,10 @@ pub async fn random_ops(api: &kube::Api<ConfigMap>, n: usize, pause: std::time::
     for i in 0..n {
         let (name, op) = {
             let mut rng = rand::rng();
-            (format!("cm{}", rng.random_range(0..30)), rng.random_range(0..10))
+            (
+                format!("cm{}", rng.random_range(0..30)),
+                rng.random_range(0..10),
+            )
         };
         let res = if op < 2 {
             api.delete(&name, &Default::default()).await.map(|_| ())

@@ -17,7 +17,11 @@ pub struct Nats {
 }
 
 fn nats_server() -> String {
-    for p in ["/usr/sbin/nats-server", "/usr/bin/nats-server", "/usr/local/bin/nats-server"] {
+    for p in [
+        "/usr/sbin/nats-server",
+        "/usr/bin/nats-server",
+        "/usr/local/bin/nats-server",
+    ] {
         if Path::new(p).exists() {
             return p.to_string();
         }
