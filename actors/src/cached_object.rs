@@ -569,11 +569,22 @@ impl StreamHandler<SourceMsg> for CachedObject {
                 self.serve_pending();
             }
             SourceMsg::Role(role) => self.on_role(role),
-            SourceMsg::Snapshot { reply } => {
-                let snap = self.synced.then(|| OwnerSnapshot {
-                    objects: self.store.snapshot(),
-                    rv: self.progress,
-                    seq: self.seq,
+            SourceMsg::Snapshot { since, reply } => {
+                let snap = self.synced.then(|| {
+                    match since.map(|rv| self.window.since(rv)) {
+                        Some(Ok(events)) => OwnerSnapshot {
+                            objects: Vec::new(),
+                            replay: Some(events),
+                            rv: self.progress,
+                            seq: self.seq,
+                        },
+                        _ => OwnerSnapshot {
+                            objects: self.store.snapshot(),
+                            replay: None,
+                            rv: self.progress,
+                            seq: self.seq,
+                        },
+                    }
                 });
                 let _ = reply.send(snap);
             }

@@ -33,7 +33,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::cached_object::{FleetInfo, KeyStatus};
 use crate::config::NatsConfig;
-use crate::core::event::EventType;
+use crate::core::event::{object_rv, EventType, StoreEvent};
 use crate::core::interest::Interest;
 use crate::core::key::Key;
 use crate::core::lease;
@@ -517,8 +517,12 @@ struct KeyTask {
     status: Arc<KeyStatus>,
     tx: mpsc::Sender<SourceMsg>,
     cmds: mpsc::Receiver<SourceCmd>,
-    mirror: Mirror<Bytes>,
+    mirror: Mirror<Body>,
 }
+
+/// What a mirror buffers and applies: an event line, a snapshot `List`, or a replay
+/// (event lines), by kind.
+type Body = (Kind, Bytes);
 
 #[derive(Deserialize)]
 struct Line {
@@ -674,10 +678,18 @@ impl KeyTask {
         let Some(reply) = req.reply else {
             return true;
         };
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Request {
+            since_rv: Option<u64>,
+        }
+        let since = serde_json::from_slice::<Request>(&req.payload)
+            .ok()
+            .and_then(|r| r.since_rv);
         let (otx, orx) = oneshot::channel();
         if self
             .tx
-            .send(SourceMsg::Snapshot { reply: otx })
+            .send(SourceMsg::Snapshot { since, reply: otx })
             .await
             .is_err()
         {
@@ -689,10 +701,11 @@ impl KeyTask {
         };
         let res = match snap {
             Some(snap) => {
-                let body = encode_list(&snap);
-                outlet
-                    .send(&reply, Kind::Snapshot, snap.seq, snap.rv, body)
-                    .await
+                let (kind, body) = match &snap.replay {
+                    Some(events) => (Kind::Replay, encode_replay(events)),
+                    None => (Kind::Snapshot, encode_list(&snap)),
+                };
+                outlet.send(&reply, kind, snap.seq, snap.rv, body).await
             }
             None => {
                 outlet
@@ -839,9 +852,15 @@ impl KeyTask {
                 snapshot_due =
                     Instant::now() + Duration::from_millis(fleet.cfg.snapshot_timeout_ms.max(100));
                 let subject = fleet.subjects.snapshot(&self.token);
+                // With this replica's RV the owner can answer with just the events after
+                // it (failover, a lost event), so clients miss none; else a snapshot.
+                let body = match self.resume_rv() {
+                    Some(rv) => serde_json::json!({ "sinceRv": rv }).to_string(),
+                    None => "{}".to_string(),
+                };
                 if fleet
                     .client
-                    .publish_with_reply(subject, wanted.clone(), Bytes::new())
+                    .publish_with_reply(subject, wanted.clone(), Bytes::from(body))
                     .await
                     .is_ok()
                 {
@@ -905,7 +924,7 @@ impl KeyTask {
         &self,
         msg: &Message,
         parts: &mut Reassembler,
-    ) -> Result<Option<Input<Bytes>>, String> {
+    ) -> Result<Option<Input<Body>>, String> {
         let frame = Self::frame(msg)?;
         let stamp = Stamp {
             epoch: frame.epoch,
@@ -916,7 +935,7 @@ impl KeyTask {
             Kind::Heartbeat => Ok(Some(Input::Heartbeat(stamp))),
             Kind::Event => Ok(self
                 .body(&frame, msg, parts)?
-                .map(|b| Input::Event(stamp, b))),
+                .map(|b| Input::Event(stamp, (Kind::Event, b)))),
             other => Err(format!("unexpected {} on an event subject", other.as_str())),
         }
     }
@@ -925,11 +944,11 @@ impl KeyTask {
         &self,
         msg: &Message,
         parts: &mut Reassembler,
-    ) -> Result<Option<Input<Bytes>>, SnapshotReply> {
+    ) -> Result<Option<Input<Body>>, SnapshotReply> {
         let frame = Self::frame(msg).map_err(SnapshotReply::Bad)?;
         match frame.kind {
             Kind::NotReady => Err(SnapshotReply::NotReady),
-            Kind::Snapshot => {
+            kind @ (Kind::Snapshot | Kind::Replay) => {
                 let stamp = Stamp {
                     epoch: frame.epoch,
                     seq: frame.seq,
@@ -938,7 +957,7 @@ impl KeyTask {
                 Ok(self
                     .body(&frame, msg, parts)
                     .map_err(SnapshotReply::Bad)?
-                    .map(|b| Input::Snapshot(stamp, b)))
+                    .map(|b| Input::Snapshot(stamp, (kind, b))))
             }
             other => Err(SnapshotReply::Bad(format!(
                 "unexpected {} in a snapshot reply",
@@ -949,11 +968,35 @@ impl KeyTask {
 
     /// Turns mirror decisions into CachedObject messages. `None` when the CachedObject is
     /// gone; `Some(true)` when a snapshot must be requested.
-    async fn apply(&mut self, outputs: Vec<Output<Bytes>>) -> Option<bool> {
+    async fn apply(&mut self, outputs: Vec<Output<Body>>) -> Option<bool> {
         let mut resync = false;
         for out in outputs {
             let msg = match out {
-                Output::Apply(stamp, body) => match serde_json::from_slice::<Line>(&body) {
+                Output::Snapshot(stamp, (Kind::Replay, body)) => {
+                    // Every event after this replica's RV: apply them in order (the
+                    // CachedObject drops what it has), then take the owner's progress.
+                    for line in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                        let Ok(line) = serde_json::from_slice::<Line>(line) else {
+                            metrics::counter!(m::FLEET_BAD_MESSAGES).increment(1);
+                            continue;
+                        };
+                        let Some(kind) = EventType::from_wire(&line.kind) else {
+                            continue;
+                        };
+                        let rv = object_rv(&line.object);
+                        let msg = SourceMsg::Event {
+                            kind,
+                            object: line.object,
+                            rv,
+                        };
+                        if self.tx.send(msg).await.is_err() {
+                            return None;
+                        }
+                    }
+                    tracing::debug!(key = %self.key, epoch = stamp.epoch, rv = stamp.rv, "caught up from the owner's window (replay)");
+                    SourceMsg::Progress { rv: stamp.rv }
+                }
+                Output::Apply(stamp, (_, body)) => match serde_json::from_slice::<Line>(&body) {
                     Ok(line) => {
                         let Some(kind) = EventType::from_wire(&line.kind) else {
                             continue;
@@ -972,7 +1015,7 @@ impl KeyTask {
                         continue;
                     }
                 },
-                Output::Snapshot(stamp, body) => match serde_json::from_slice::<List>(&body) {
+                Output::Snapshot(stamp, (_, body)) => match serde_json::from_slice::<List>(&body) {
                     Ok(list) => SourceMsg::Listed {
                         items: list.items,
                         rv: stamp.rv,
@@ -1050,6 +1093,15 @@ impl KeyTask {
 enum SnapshotReply {
     NotReady,
     Bad(String),
+}
+
+/// A replay body: the events' watch lines, one after another.
+fn encode_replay(events: &[Arc<StoreEvent>]) -> Bytes {
+    let mut out = Vec::with_capacity(events.iter().map(|e| e.line.len()).sum());
+    for e in events {
+        out.extend_from_slice(&e.line);
+    }
+    Bytes::from(out)
 }
 
 /// A snapshot body: a `List` as the API server would answer it.

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 
 use crate::cached_object::KeyStatus;
 use crate::config::CacheConfig;
-use crate::core::event::object_rv;
+use crate::core::event::{object_rv, StoreEvent};
 use crate::core::filter::EventType;
 use crate::core::key::{Key, Scope};
 use crate::core::upstream::{step, Action, Backoff, Input, State};
@@ -73,6 +73,9 @@ pub enum SourceMsg {
     /// The owner's source answers a mirror's snapshot request: the key's state and the
     /// seq it corresponds to, or `None` while not synced.
     Snapshot {
+        /// The requester's progress: when the window still holds every event after it,
+        /// the answer is those events instead of the whole state.
+        since: Option<u64>,
         reply: oneshot::Sender<Option<OwnerSnapshot>>,
     },
 }
@@ -96,6 +99,8 @@ pub enum Role {
 #[derive(Debug)]
 pub struct OwnerSnapshot {
     pub objects: Vec<Arc<Value>>,
+    /// Set instead of `objects` when the request's `since` could be replayed.
+    pub replay: Option<Vec<Arc<StoreEvent>>>,
     pub rv: u64,
     pub seq: u64,
 }

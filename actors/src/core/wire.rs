@@ -44,6 +44,9 @@ pub enum Kind {
     Heartbeat,
     /// A snapshot chunk, sent to a request's reply inbox.
     Snapshot,
+    /// Instead of a snapshot, the events after the requester's RV (from the owner's
+    /// window), one watch line each: the requester then misses no event at all.
+    Replay,
     /// The owner is not synced yet (answer to a snapshot request): retry shortly.
     NotReady,
 }
@@ -54,6 +57,7 @@ impl Kind {
             Kind::Event => "event",
             Kind::Heartbeat => "heartbeat",
             Kind::Snapshot => "snapshot",
+            Kind::Replay => "replay",
             Kind::NotReady => "not-ready",
         }
     }
@@ -103,6 +107,7 @@ impl Frame {
             "event" => Kind::Event,
             "heartbeat" => Kind::Heartbeat,
             "snapshot" => Kind::Snapshot,
+            "replay" => Kind::Replay,
             "not-ready" => Kind::NotReady,
             other => return Err(Error::Type(other.to_string())),
         };

@@ -20,6 +20,8 @@ pub struct Seen {
     pub errors: Vec<String>,
     /// Initial lists; more than one means the watch was restarted with a relist.
     pub inits: usize,
+    /// The last events seen, for failure messages.
+    pub recent: std::collections::VecDeque<String>,
 }
 
 pub struct Judge {
@@ -41,13 +43,27 @@ fn name_of(cm: &ConfigMap) -> String {
 }
 
 impl Judge {
-    /// A reflector over ConfigMaps of `ns` through `client`.
+    /// A reflector over ConfigMaps of `ns` through `client`; its first list is a
+    /// consistent read (forwarded to the API server), as kube-rs does by default.
     pub fn start(client: kube::Client, ns: &str) -> Judge {
+        Self::start_with(client, ns, watcher::Config::default())
+    }
+
+    /// As [`Judge::start`], listing from the cache (`resourceVersion=0`), as client-go's
+    /// informers do. A replica that joins while the key is being written should be judged
+    /// this way: a consistent list from the API server at RV L, then a watch from L on a
+    /// key the replica only starts caching at a later RV, gets 410 on any cache — the API
+    /// server's own too, for an L older than its window — and the client relists.
+    pub fn start_cached(client: kube::Client, ns: &str) -> Judge {
+        Self::start_with(client, ns, watcher::Config::default().any_semantic())
+    }
+
+    fn start_with(client: kube::Client, ns: &str, cfg: watcher::Config) -> Judge {
         let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, ns);
         let (store, writer) = reflector::store();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let sink = seen.clone();
-        let stream = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+        let stream = reflector(writer, watcher(api, cfg)).default_backoff();
         let task = tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
             while let Some(ev) = stream.next().await {
@@ -56,11 +72,26 @@ impl Judge {
                     Ok(ev) => ev,
                     Err(e) => {
                         s.errors.push(e.to_string());
+                        s.recent.push_back(format!("error {e}"));
                         continue;
                     }
                 };
                 if matches!(ev, watcher::Event::Init) {
                     s.inits += 1;
+                }
+                let what = match &ev {
+                    watcher::Event::Apply(o) => format!("apply {} {}", name_of(o), rv_of(o)),
+                    watcher::Event::Delete(o) => format!("delete {} {}", name_of(o), rv_of(o)),
+                    watcher::Event::InitApply(o) => format!("init {} {}", name_of(o), rv_of(o)),
+                    watcher::Event::Init => "init-start".into(),
+                    watcher::Event::InitDone => "init-done".into(),
+                };
+                // Up to the first error and a little after it: what led there.
+                if s.errors.is_empty() || s.recent.len() < 2_000 {
+                    if s.recent.len() == 2_000 || (s.errors.is_empty() && s.recent.len() == 40) {
+                        s.recent.pop_front();
+                    }
+                    s.recent.push_back(what);
                 }
                 let obj = match &ev {
                     watcher::Event::Apply(o)
@@ -96,6 +127,17 @@ impl Judge {
             .collect()
     }
 
+    /// Panics when an object's resourceVersion went back or an event repeated; a 410 and
+    /// relist are allowed (the client recovers as the protocol says).
+    pub fn assert_consistent(&self, who: &str) {
+        let s = self.seen.lock().expect("seen");
+        assert!(
+            s.violations.is_empty(),
+            "{who}: resourceVersion violations: {:?}",
+            s.violations
+        );
+    }
+
     /// Panics with what went wrong when the judge saw a violation, an error or a relist.
     pub fn assert_clean(&self, who: &str) {
         let s = self.seen.lock().expect("seen");
@@ -106,8 +148,9 @@ impl Judge {
         );
         assert!(
             s.errors.is_empty(),
-            "{who}: the watch broke: {:?}",
-            s.errors
+            "{who}: the watch broke: {:?}; recent events: {:?}",
+            s.errors,
+            s.recent
         );
         assert_eq!(
             s.inits, 1,
