@@ -3,7 +3,10 @@
 # Runs kcache for real on this machine:
 #   1. installs what is missing (apt packages; kube-apiserver v1.20.2 + etcd, built once),
 #   2. starts a throw-away etcd + kube-apiserver (scripts/start-test-cluster.sh),
-#   3. builds and starts kcache in front of it on https://127.0.0.1:${KCACHE_PORT:-8443},
+#   3. builds kcache and starts a fleet of ${KCACHE_REPLICAS:-3} replicas in front of it on
+#      https://127.0.0.1:8443, :8444, :8445 … sharing one nats-server (JetStream, token
+#      auth, Secrets sealed with a generated key): the API server sees one watch per key
+#      for the whole fleet. KCACHE_REPLICAS=1 runs a single replica without NATS.
 #   4. creates namespace `demo` with a Secret, and a writer that updates ConfigMap
 #      demo/ticker every 2 s through kcache,
 # then prints how to watch it. Ctrl-C stops and removes everything.
@@ -57,18 +60,40 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-echo "==> starting kcache on $kcache_url"
-target/release/kcache serve --kubeconfig "$KUBE_DIR/kubeconfig" --listen "127.0.0.1:$port" \
-  </dev/null >"$KUBE_DIR/kcache.log" 2>&1 &
-kcache_pid=$!
-pids+=("$kcache_pid")
-until curl -skf "$kcache_url/readyz" >/dev/null; do
-  if ! kill -0 "$kcache_pid" 2>/dev/null; then
-    echo "demo: kcache exited:" >&2
-    tail -20 "$KUBE_DIR/kcache.log" >&2
-    exit 1
-  fi
-  sleep 0.2
+replicas=${KCACHE_REPLICAS:-3}
+fleet_args=()
+if ((replicas > 1)); then
+  nats_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  echo "==> starting nats-server (JetStream) on 127.0.0.1:$nats_port"
+  head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$KUBE_DIR/nats-token"
+  head -c 32 /dev/urandom | base64 >"$KUBE_DIR/nats-key-k1"
+  nats-server -a 127.0.0.1 -p "$nats_port" -js -sd "$KUBE_DIR/nats" \
+    --auth "$(cat "$KUBE_DIR/nats-token")" >"$KUBE_DIR/nats.log" 2>&1 &
+  pids+=($!)
+  printf '[nats]\ntoken_file = "%s"\nencryption_active_key = "k1"\n\n[[nats.encryption_keys]]\nid = "k1"\nfile = "%s"\n' \
+    "$KUBE_DIR/nats-token" "$KUBE_DIR/nats-key-k1" >"$KUBE_DIR/kcache.toml"
+  fleet_args=(--config "$KUBE_DIR/kcache.toml" --nats "nats://127.0.0.1:$nats_port")
+fi
+
+ids=(a b c d e f g h i j)
+urls=()
+for ((i = 0; i < replicas; i++)); do
+  p=$((port + i))
+  id=${ids[i]:-r$i}
+  echo "==> starting kcache replica $id on https://127.0.0.1:$p"
+  target/release/kcache serve --kubeconfig "$KUBE_DIR/kubeconfig" --listen "127.0.0.1:$p" \
+    --replica-id "$id" "${fleet_args[@]}" </dev/null >"$KUBE_DIR/kcache-$id.log" 2>&1 &
+  kcache_pid=$!
+  pids+=("$kcache_pid")
+  urls+=("https://127.0.0.1:$p")
+  until curl -skf "https://127.0.0.1:$p/readyz" >/dev/null; do
+    if ! kill -0 "$kcache_pid" 2>/dev/null; then
+      echo "demo: kcache replica $id exited:" >&2
+      tail -20 "$KUBE_DIR/kcache-$id.log" >&2
+      exit 1
+    fi
+    sleep 0.2
+  done
 done
 
 # kubectl through kcache as the cluster admin, ignoring any kubeconfig on this machine.
@@ -90,23 +115,25 @@ kc -n demo create configmap ticker --from-literal=tick=0 >/dev/null
 ) &
 pids+=($!)
 
+last=${urls[-1]}
 cat <<EOF
 
-kcache is serving $kcache_url in front of the API server at $KUBE_URL.
+kcache is serving ${urls[*]} in front of the API server at $KUBE_URL.
 Tokens: admintoken (cluster-admin), viewertoken (no permissions), node1token (a node).
 
-Watch demo/ticker change every 2 s, served from kcache's cache:
-  kubectl --server $kcache_url --insecure-skip-tls-verify --token admintoken get configmaps -n demo -w
+Watch demo/ticker change every 2 s, served from kcache's cache (any replica):
+  kubectl --server $last --insecure-skip-tls-verify --token admintoken get configmaps -n demo -w
 
 More:
   kubectl --server $kcache_url --insecure-skip-tls-verify --token admintoken get secrets -n demo
-  curl -sk -H 'Authorization: Bearer admintoken' $kcache_url/debug/keys
-  curl -sk -H 'Authorization: Bearer admintoken' $kcache_url/metrics | grep '^kcache_'
-  kcache log: $KUBE_DIR/kcache.log   (KCACHE_KEEP_DEMO_DIR=1 keeps it after exit)
+  curl -sk -H 'Authorization: Bearer admintoken' $last/debug/keys   # role, owner, epoch, seq per key
+  curl -sk -H 'Authorization: Bearer admintoken' $kcache_url/metrics | grep -E '^kcache_(fleet|nats|upstream)'
+  logs: $KUBE_DIR/kcache-*.log   (KCACHE_KEEP_DEMO_DIR=1 keeps them after exit)
 
-Ctrl-C to stop.
+With several replicas: kill -9 one and another takes its keys over; watches on the others
+stay open. Ctrl-C stops everything.
 EOF
 wait "$kcache_pid"
-echo "demo: kcache exited; last log lines:" >&2
-tail -20 "$KUBE_DIR/kcache.log" >&2
+echo "demo: kcache replica $id exited; last log lines:" >&2
+tail -20 "$KUBE_DIR/kcache-$id.log" >&2
 exit 1
