@@ -570,8 +570,9 @@ impl StreamHandler<SourceMsg> for CachedObject {
             }
             SourceMsg::Role(role) => self.on_role(role),
             SourceMsg::Snapshot { since, reply } => {
-                let snap = self.synced.then(|| {
-                    match since.map(|rv| self.window.since(rv)) {
+                let snap = self
+                    .synced
+                    .then(|| match since.map(|rv| self.window.since(rv)) {
                         Some(Ok(events)) => OwnerSnapshot {
                             objects: Vec::new(),
                             replay: Some(events),
@@ -584,8 +585,7 @@ impl StreamHandler<SourceMsg> for CachedObject {
                             rv: self.progress,
                             seq: self.seq,
                         },
-                    }
-                });
+                    });
                 let _ = reply.send(snap);
             }
             SourceMsg::Unhealthy { error } => {
