@@ -164,22 +164,34 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
         || async { cluster.registered_watchers("Secret").await == baseline + 100 },
     )
     .await;
-    // Exactly one owner per key, and the owner sees the fleet's 12 references.
-    for i in 0..100 {
-        let key = format!("/api/v1/namespaces/fleet/secrets/s{i}");
-        let mut owners = 0;
-        for k in &replicas {
-            let info = key_info(k, &key)
-                .await
-                .expect("key cached on every replica");
-            if info["role"] == "owner" {
-                owners += 1;
-                assert_eq!(info["fleetRefcount"], 12, "{info}");
-                assert!(info["epoch"].as_u64().unwrap_or(0) > 0, "{info}");
+    // Exactly one owner per key, and the owner sees the fleet's 12 references (interest
+    // records travel every second).
+    eventually(
+        "one owner per key, seeing the fleet's 12 references",
+        Duration::from_secs(30),
+        || async {
+            for i in 0..100 {
+                let key = format!("/api/v1/namespaces/fleet/secrets/s{i}");
+                let mut owners = Vec::new();
+                for k in &replicas {
+                    let Some(info) = key_info(k, &key).await else {
+                        return false;
+                    };
+                    if info["role"] == "owner" {
+                        owners.push(info);
+                    }
+                }
+                let [owner] = owners.as_slice() else {
+                    return false;
+                };
+                if owner["fleetRefcount"] != 12 || owner["epoch"].as_u64().unwrap_or(0) == 0 {
+                    return false;
+                }
             }
-        }
-        assert_eq!(owners, 1, "{key} has {owners} owners");
-    }
+            true
+        },
+    )
+    .await;
 
     for i in 0..100 {
         let patch = json!({"stringData": {"v": format!("secret-plaintext-{i}-1")}});
@@ -289,6 +301,16 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
             );
         }
     }
+    drop(sniffed);
+
+    // No replica has interest any more: after the grace period (and the interest records'
+    // expiry) the fleet's upstream watches stop.
+    eventually(
+        "the API server's Secret watchers are back to the baseline",
+        Duration::from_secs(60),
+        || async { cluster.registered_watchers("Secret").await == baseline },
+    )
+    .await;
 }
 
 /// Starts replicas `a` (owner of the ConfigMaps key of `ns`) and `b`, with a judge on `b`.
@@ -347,10 +369,20 @@ async fn converge(judges: &[(&str, &Judge, bool)], upstream: &kube::Api<ConfigMa
 async fn owner_killed_then_a_late_replica_joins() {
     let cluster = TestCluster::start().await;
     let nats = Nats::start(cluster.dir_path());
-    let (mut a, b, judge_b, _hold) = owner_a_judge_on_b(&cluster, &nats, "kill", "").await;
+    let (mut a, b, judge_b, hold_a) = owner_a_judge_on_b(&cluster, &nats, "kill", "").await;
     let admin = cluster.kube_client().await;
     let upstream: kube::Api<ConfigMap> = kube::Api::namespaced(admin, "kill");
     let key = "/api/v1/namespaces/kill/configmaps";
+
+    // a's own clients leave; b's reflector still needs the key, so a keeps owning it past
+    // its grace period (5 s) instead of handing it over.
+    hold_a.abort();
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    let info = key_info(&a, key).await.expect("a still caches the key");
+    assert_eq!(info["role"], "owner", "{info}");
+    assert_eq!(info["refcount"], 0, "{info}");
+    assert!(info["fleetRefcount"].as_u64() >= Some(1), "{info}");
+    assert_eq!(a.metric("kcache_upstream_watches").await, 1.0);
 
     let writes = {
         let upstream = upstream.clone();

@@ -112,6 +112,7 @@ pub fn fleet_toml(dir: &Path, nats: &Nats, extra_nats: &str) -> String {
     format!(
         r#"[cache]
 grace_period_secs = 5
+watch_keepalive_secs = 1
 
 [nats]
 url = "{url}"
