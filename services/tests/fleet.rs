@@ -275,7 +275,7 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
         task.abort();
     }
     // The fleet did carry the big secret over NATS (in chunks) — and sealed.
-    let sniffed = sniffed.lock().expect("sniffed");
+    let sniffed: Vec<Vec<u8>> = sniffed.lock().expect("sniffed").clone();
     assert!(sniffed.len() > 1000, "saw {} NATS messages", sniffed.len());
     assert!(
         sniffed.iter().any(|m| contains(m, b"Kcache-Chunk")),
@@ -301,7 +301,6 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
             );
         }
     }
-    drop(sniffed);
 
     // No replica has interest any more: after the grace period (and the interest records'
     // expiry) the fleet's upstream watches stop.
