@@ -77,7 +77,8 @@ async fn main() -> Result<(), Error> {
         }
     };
     let mut want_snapshot = true;
-    let mut retry = tokio::time::interval(Duration::from_secs(2));
+    let period = Duration::from_secs(2);
+    let mut retry = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     loop {
         if want_snapshot {
             want_snapshot = false;
