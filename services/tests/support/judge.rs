@@ -58,7 +58,8 @@ impl Judge {
         Self::start_with(client, ns, watcher::Config::default().any_semantic())
     }
 
-    fn start_with(client: kube::Client, ns: &str, cfg: watcher::Config) -> Judge {
+    /// As [`Judge::start`], with a watcher configuration of the caller's.
+    pub fn start_with(client: kube::Client, ns: &str, cfg: watcher::Config) -> Judge {
         let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, ns);
         let (store, writer) = reflector::store();
         let seen = Arc::new(Mutex::new(Seen::default()));
