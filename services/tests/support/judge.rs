@@ -89,7 +89,7 @@ impl Judge {
                 };
                 // Up to the first error and a little after it: what led there.
                 if s.errors.is_empty() || s.recent.len() < 2_000 {
-                    if s.recent.len() == 2_000 || (s.errors.is_empty() && s.recent.len() == 40) {
+                    if s.recent.len() == 2_000 || (s.errors.is_empty() && s.recent.len() == 400) {
                         s.recent.pop_front();
                     }
                     s.recent.push_back(what);
