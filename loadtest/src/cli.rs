@@ -1,0 +1,176 @@
+//! Command-line flags of `kcache-bench`.
+//!
+//! Flags shared by every scenario come first; the others apply to the scenarios named in
+//! their help. Scenario defaults differ (e.g. `--watches` is 1,000 for `slow` and 50,000
+//! for `scale`), so those flags are `Option`s resolved by each scenario's `Params`.
+
+use clap::{Parser, ValueEnum};
+
+/// Which workload to run (see `scenario/`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ScenarioKind {
+    /// Simulated nodes: single-object Secret/ConfigMap watches plus one pod watch per node.
+    Kubelet,
+    /// Namespace-wide list+watch clients under create/update/delete churn.
+    Informer,
+    /// Slow consumers (watches never read) mixed with normal, measured clients.
+    Slow,
+    /// Many single-object watches on one replica (50,000 by default).
+    Scale,
+}
+
+impl ScenarioKind {
+    /// Default for `--open-timeout-secs`: kcache syncs keys at its upstream QPS (200/s),
+    /// so 5,000 keys of the scale scenario alone take 25 s.
+    pub fn open_timeout_secs(self) -> u64 {
+        if self == ScenarioKind::Scale {
+            300
+        } else {
+            120
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ScenarioKind::Kubelet => "kubelet",
+            ScenarioKind::Informer => "informer",
+            ScenarioKind::Slow => "slow",
+            ScenarioKind::Scale => "scale",
+        }
+    }
+}
+
+/// Which servers to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TargetKind {
+    /// The kube-apiserver directly.
+    Apiserver,
+    /// kcache in front of it.
+    Kcache,
+}
+
+#[derive(Parser, Clone, Debug)]
+#[command(
+    name = "kcache-bench",
+    about = "Runs one watch workload against the kube-apiserver and against kcache, same client, same run"
+)]
+pub struct Args {
+    /// Workload to run.
+    #[arg(long, value_enum, default_value_t = ScenarioKind::Kubelet)]
+    pub scenario: ScenarioKind,
+    /// API server URL (setup and writes always go here).
+    #[arg(long)]
+    pub apiserver: String,
+    /// PID of the kube-apiserver process (RSS, CPU).
+    #[arg(long)]
+    pub apiserver_pid: u32,
+    /// kcache URL.
+    #[arg(long)]
+    pub kcache: String,
+    /// PID of the kcache process (RSS, CPU).
+    #[arg(long)]
+    pub kcache_pid: u32,
+    /// Bearer token for every request, the API server's and kcache's alike (also reads
+    /// both /metrics endpoints).
+    #[arg(long, default_value = "admintoken")]
+    pub token: String,
+    /// Targets to measure, in this order.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [TargetKind::Apiserver, TargetKind::Kcache])]
+    pub targets: Vec<TargetKind>,
+
+    /// Watches per HTTP/2 connection (the API server allows 250 streams per connection).
+    #[arg(long, default_value_t = 200)]
+    pub per_connection: usize,
+    /// Use HTTP/1.1 (one connection per watch) instead of HTTP/2.
+    #[arg(long)]
+    pub http1: bool,
+    /// Spread client connections over source addresses 127.0.0.1..=127.0.0.N (only for
+    /// loopback targets; for when ephemeral ports run out, e.g. with --http1).
+    #[arg(long, default_value_t = 1)]
+    pub source_addrs: u8,
+
+    /// Writes (or churn operations) per second, always sent to the API server.
+    /// Default: 100 (informer: 60).
+    #[arg(long)]
+    pub rate: Option<u64>,
+    /// Seconds of writes per measured phase. Default: 20 (slow: 15 per phase).
+    #[arg(long)]
+    pub seconds: Option<u64>,
+    /// Watches are opened in this many steps; RSS is sampled after each (RSS-vs-watches plot).
+    #[arg(long, default_value_t = 10)]
+    pub steps: usize,
+    /// Pause before each RSS sample, so allocations settle (milliseconds).
+    #[arg(long, default_value_t = 1000)]
+    pub settle_ms: u64,
+    /// Longest wait for all watches of one target to be established (seconds).
+    /// Default: 120 (scale: 300).
+    #[arg(long)]
+    pub open_timeout_secs: Option<u64>,
+    /// Longest wait for the last deliveries after the writes stop (seconds).
+    #[arg(long, default_value_t = 30)]
+    pub drain_secs: u64,
+
+    /// kubelet: simulated nodes.
+    #[arg(long, default_value_t = 100)]
+    pub nodes: usize,
+    /// kubelet: single-object watches per node (half Secrets, half ConfigMaps); each node
+    /// also holds one `spec.nodeName` pod watch. 100 nodes × (99 + 1) = 10,000 watches.
+    #[arg(long, default_value_t = 99)]
+    pub watches_per_node: usize,
+    /// kubelet: Secrets the nodes' watches are spread over.
+    #[arg(long, default_value_t = 500)]
+    pub secrets: usize,
+    /// kubelet: ConfigMaps the nodes' watches are spread over.
+    #[arg(long, default_value_t = 500)]
+    pub configmaps: usize,
+    /// kubelet: pods bound to each node (written to like the other objects).
+    #[arg(long, default_value_t = 2)]
+    pub pods_per_node: usize,
+    /// kubelet: 1 KiB ConfigMaps for the per-cached-object figure (0 = skip).
+    #[arg(long, default_value_t = 2000)]
+    pub cached_objects: usize,
+
+    /// informer: list+watch clients.
+    #[arg(long, default_value_t = 50)]
+    pub clients: usize,
+    /// informer: namespaces the clients (round robin) and the churn are spread over.
+    #[arg(long, default_value_t = 5)]
+    pub namespaces: usize,
+    /// informer: ConfigMaps (1 KiB) in each namespace before the clients list.
+    #[arg(long, default_value_t = 200)]
+    pub objects_per_namespace: usize,
+
+    /// slow, scale: watches in total (slow: normal + slow ones). Default: slow 1,000,
+    /// scale 50,000.
+    #[arg(long)]
+    pub watches: Option<usize>,
+    /// slow, scale: objects the single-object watches are spread over. Default: slow 100
+    /// ConfigMaps, scale 5,000 Secrets.
+    #[arg(long)]
+    pub objects: Option<usize>,
+    /// slow: fraction of the watches that are slow consumers (namespace-wide watches that
+    /// never read their response body).
+    #[arg(long, default_value_t = 0.1)]
+    pub slow_fraction: f64,
+    /// slow: data bytes per ConfigMap (bigger events fill a stalled stream sooner).
+    #[arg(long, default_value_t = 4096)]
+    pub payload_bytes: usize,
+    /// scale: at most this many watches against the API server directly (it holds about
+    /// 100 KB per watch and a core's worth of CPU to open 10,000); the output says when
+    /// it measured fewer than kcache.
+    #[arg(long, default_value_t = 10_000)]
+    pub apiserver_max_watches: usize,
+
+    /// Where to write the JSON results; the PNG plots go beside it (`<stem>-*.png`).
+    #[arg(long, default_value = "bench-results.json")]
+    pub out: String,
+    /// Do not draw PNG plots.
+    #[arg(long)]
+    pub no_plots: bool,
+    /// No live progress display (it is off anyway when stderr is not a terminal).
+    #[arg(long)]
+    pub no_progress: bool,
+    /// How the processes were pinned to cores (recorded in the JSON; set by run.sh).
+    #[arg(long, default_value = "not pinned")]
+    pub pinning: String,
+}

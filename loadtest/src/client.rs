@@ -1,0 +1,212 @@
+//! The client and connection model, identical for both targets: HTTPS (certificates not
+//! verified: both serve self-signed ones), HTTP/2 with `per_connection` watches
+//! multiplexed on each connection (one `reqwest::Client` per connection), bearer token.
+//! Also [`Api`], the small write/setup client that always talks to the API server.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::Value;
+
+/// How watch connections are made.
+#[derive(Clone, Debug)]
+pub struct ConnModel {
+    pub http1: bool,
+    pub per_connection: usize,
+    /// Connections are spread over 127.0.0.1..=127.0.0.N as source addresses.
+    pub source_addrs: u8,
+}
+
+/// A client that owns one HTTP/2 connection (or, with HTTP/1.1, a pool of them).
+pub fn http_client(http1: bool, local: Option<IpAddr>) -> reqwest::Client {
+    let b = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .pool_max_idle_per_host(1)
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(30))
+        .local_address(local);
+    let b = if http1 { b.http1_only() } else { b };
+    // Only fails if the TLS backend cannot initialise: not a runtime condition.
+    b.build().expect("building the HTTP client")
+}
+
+/// The clients a set of watches is spread over: watch `i` uses connection
+/// `i / per_connection` (HTTP/2), so both targets see the same number of connections.
+pub struct ConnPool {
+    clients: Vec<reqwest::Client>,
+    per_connection: usize,
+}
+
+impl ConnPool {
+    pub fn new(model: &ConnModel, watches: usize) -> ConnPool {
+        let per_connection = if model.http1 {
+            usize::MAX // one pooled client; hyper opens a connection per concurrent request
+        } else {
+            model.per_connection.max(1)
+        };
+        let n = if model.http1 {
+            usize::from(model.source_addrs.max(1))
+        } else {
+            watches.div_ceil(per_connection).max(1)
+        };
+        let clients = (0..n)
+            .map(|i| {
+                let local = (model.source_addrs > 1).then(|| {
+                    // 127.0.0.1, 127.0.0.2, ...: loopback accepts any 127/8 source.
+                    let last = 1 + (i % usize::from(model.source_addrs)) as u8;
+                    IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))
+                });
+                http_client(model.http1, local)
+            })
+            .collect();
+        ConnPool {
+            clients,
+            per_connection,
+        }
+    }
+
+    /// The client for watch number `i`.
+    pub fn get(&self, i: usize) -> reqwest::Client {
+        let idx = if self.per_connection == usize::MAX {
+            i % self.clients.len()
+        } else {
+            (i / self.per_connection).min(self.clients.len() - 1)
+        };
+        self.clients[idx].clone()
+    }
+
+    pub fn connections(&self) -> usize {
+        self.clients.len()
+    }
+}
+
+/// Failure of a setup or write request.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    Http(#[from] reqwest::Error),
+    #[error("HTTP {0}")]
+    Status(u16),
+}
+
+/// What [`Api::create_all`] did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Created {
+    pub created: usize,
+    /// Already there (409): the setup is idempotent.
+    pub existed: usize,
+    pub failed: usize,
+}
+
+/// Requests to one server with the bench token.
+#[derive(Clone)]
+pub struct Api {
+    pub http: reqwest::Client,
+    pub base: String,
+    pub token: String,
+}
+
+impl Api {
+    pub fn new(base: &str, token: &str) -> Api {
+        Api {
+            http: http_client(false, None),
+            base: base.trim_end_matches('/').to_string(),
+            token: token.to_string(),
+        }
+    }
+
+    fn check(resp: reqwest::Response) -> Result<reqwest::Response, ApiError> {
+        if resp.status().is_success() {
+            Ok(resp)
+        } else {
+            Err(ApiError::Status(resp.status().as_u16()))
+        }
+    }
+
+    /// POST `body` to a collection path (e.g. `/api/v1/namespaces/x/secrets`).
+    pub async fn create(&self, path: &str, body: &Value) -> Result<(), ApiError> {
+        let resp = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .json(body)
+            .send()
+            .await?;
+        Self::check(resp).map(drop)
+    }
+
+    /// Creates, treating 409 AlreadyExists as success (setup is idempotent).
+    pub async fn ensure(&self, path: &str, body: &Value) -> Result<(), ApiError> {
+        match self.create(path, body).await {
+            Err(ApiError::Status(409)) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// JSON merge patch of an object path.
+    pub async fn merge_patch(&self, path: &str, patch: &Value) -> Result<(), ApiError> {
+        let resp = self
+            .http
+            .patch(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .header("Content-Type", "application/merge-patch+json")
+            .body(patch.to_string())
+            .send()
+            .await?;
+        Self::check(resp).map(drop)
+    }
+
+    pub async fn delete(&self, path: &str) -> Result<(), ApiError> {
+        let resp = self
+            .http
+            .delete(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await?;
+        Self::check(resp).map(drop)
+    }
+
+    pub async fn get_json(&self, path_and_query: &str) -> Result<Value, ApiError> {
+        let resp = self
+            .http
+            .get(format!("{}{path_and_query}", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await?;
+        Ok(Self::check(resp)?.json().await?)
+    }
+
+    /// Creates many objects, 16 requests at a time.
+    pub async fn create_all(&self, items: Vec<(String, Value)>) -> Created {
+        let results: Vec<Result<(), ApiError>> = futures::stream::iter(items)
+            .map(|(path, body)| async move { self.create(&path, &body).await })
+            .buffer_unordered(16)
+            .collect()
+            .await;
+        let mut n = Created::default();
+        for r in results {
+            match r {
+                Ok(()) => n.created += 1,
+                Err(ApiError::Status(409)) => n.existed += 1,
+                Err(_) => n.failed += 1,
+            }
+        }
+        n
+    }
+
+    /// A namespace, and in it a `default` ServiceAccount that mounts no token (there is
+    /// no controller manager to create either; pods need the ServiceAccount to exist).
+    pub async fn ensure_namespace(&self, ns: &str) -> Result<(), ApiError> {
+        self.ensure(
+            "/api/v1/namespaces",
+            &serde_json::json!({"metadata": {"name": ns}}),
+        )
+        .await?;
+        self.ensure(
+            &format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+            &serde_json::json!({"metadata": {"name": "default"}, "automountServiceAccountToken": false}),
+        )
+        .await
+    }
+}

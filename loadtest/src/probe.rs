@@ -1,0 +1,130 @@
+//! What the harness reads about the processes under test: RSS and CPU seconds from
+//! `/proc`, and samples from a Prometheus `/metrics` endpoint (the API server's
+//! `apiserver_registered_watchers`, kcache's `kcache_terminated_watchers_total`, …).
+
+use std::ops::Sub;
+
+use serde::Serialize;
+
+/// Resident set size of a process, in KiB (0 if it cannot be read).
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+/// utime + stime of a process (all its threads), in seconds (0 if it cannot be read).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    const USER_HZ: f64 = 100.0;
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // The command name may contain spaces and parentheses: fields start after ") ".
+            let after = s.rsplit_once(") ")?.1;
+            let f: Vec<&str> = after.split_whitespace().collect();
+            let user: f64 = f.get(11)?.parse().ok()?;
+            let system: f64 = f.get(12)?.parse().ok()?;
+            Some((user + system) / USER_HZ)
+        })
+        .unwrap_or(0.0)
+}
+
+/// CPU seconds used so far by the target, the API server and the generator (this process).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Cpu {
+    pub target: f64,
+    pub apiserver: f64,
+    pub generator: f64,
+}
+
+impl Cpu {
+    pub fn now(target_pid: u32, apiserver_pid: u32) -> Cpu {
+        Cpu {
+            target: cpu_seconds(target_pid),
+            apiserver: cpu_seconds(apiserver_pid),
+            generator: cpu_seconds(std::process::id()),
+        }
+    }
+}
+
+impl Sub for Cpu {
+    type Output = Cpu;
+    fn sub(self, before: Cpu) -> Cpu {
+        Cpu {
+            target: self.target - before.target,
+            apiserver: self.apiserver - before.apiserver,
+            generator: self.generator - before.generator,
+        }
+    }
+}
+
+/// The sum of every sample of metric `name` in a Prometheus text exposition (all label
+/// sets), or `None` if the metric does not appear (a counter vector that never counted).
+pub fn sum_samples(text: &str, name: &str) -> Option<f64> {
+    let mut found = false;
+    let mut sum = 0.0;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !rest.starts_with(['{', ' ']) {
+            continue; // a longer metric name with this prefix
+        }
+        if let Some(v) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+            found = true;
+            sum += v;
+        }
+    }
+    found.then_some(sum)
+}
+
+/// Fetches `{base}/metrics` with the bearer token; `None` on any failure.
+pub async fn scrape(http: &reqwest::Client, base: &str, token: &str) -> Option<String> {
+    let resp = http
+        .get(format!("{base}/metrics"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    resp.text().await.ok()
+}
+
+/// One metric's sum at `base`, 0 when the metric is absent and `None` when the endpoint
+/// could not be read.
+pub async fn metric(http: &reqwest::Client, base: &str, token: &str, name: &str) -> Option<f64> {
+    let text = scrape(http, base, token).await?;
+    Some(sum_samples(&text, name).unwrap_or(0.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_label_sets_and_skips_longer_names() {
+        let text = "# HELP apiserver_registered_watchers x\n\
+                    apiserver_registered_watchers{group=\"\",kind=\"Secret\",version=\"v1\"} 100\n\
+                    apiserver_registered_watchers{group=\"\",kind=\"Pod\",version=\"v1\"} 2\n\
+                    apiserver_registered_watchers_other 7\n";
+        assert_eq!(
+            sum_samples(text, "apiserver_registered_watchers"),
+            Some(102.0)
+        );
+        assert_eq!(sum_samples(text, "kcache_terminated_watchers_total"), None);
+        assert_eq!(sum_samples("k 3\n", "k"), Some(3.0));
+    }
+
+    #[test]
+    fn own_process_is_readable() {
+        assert!(rss_kib(std::process::id()) > 0);
+        assert!(cpu_seconds(std::process::id()) >= 0.0);
+    }
+}

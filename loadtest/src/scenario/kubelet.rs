@@ -1,0 +1,325 @@
+//! Scenario 1, `kubelet`: `--nodes` simulated nodes. Each node holds
+//! `--watches-per-node` single-object watches (`fieldSelector=metadata.name=X`, half over
+//! `--secrets` Secrets, half over `--configmaps` ConfigMaps, spread evenly) and one
+//! `fieldSelector=spec.nodeName=<node>` pod watch over its `--pods-per-node` pods, as a
+//! kubelet does. Writes go round robin over all those objects (Secrets, ConfigMaps, pods)
+//! at `--rate`/s; each must reach every watch of its object.
+//!
+//! Afterwards, the per-cached-object figure: `--cached-objects` 1 KiB ConfigMaps in one
+//! namespace; the API server's RSS growth while they are created (its watch cache holds
+//! them) and kcache's growth when one list through it makes it cache the namespace.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::{
+    annotate_round_robin, between_targets, fanout, payload, per_item_bytes, Ctx, ScenarioRun,
+    Series, Session,
+};
+use crate::client::{Api, ConnPool};
+use crate::probe;
+use crate::watch::Ready;
+
+const NS: &str = "bench-kubelet";
+const OBJECTS_NS: &str = "bench-objects";
+
+#[derive(Clone, Debug)]
+pub struct Params {
+    pub nodes: usize,
+    pub per_node: usize,
+    pub secrets: usize,
+    pub configmaps: usize,
+    pub pods_per_node: usize,
+    pub rate: u64,
+    pub seconds: u64,
+    pub cached_objects: usize,
+}
+
+impl Params {
+    pub fn from_ctx(ctx: &Ctx) -> Params {
+        let a = &ctx.args;
+        Params {
+            nodes: a.nodes.max(1),
+            per_node: a.watches_per_node,
+            secrets: a.secrets,
+            configmaps: a.configmaps,
+            pods_per_node: a.pods_per_node,
+            rate: a.rate.unwrap_or(100).max(1),
+            seconds: a.seconds.unwrap_or(20),
+            cached_objects: a.cached_objects,
+        }
+    }
+
+    /// Secret and ConfigMap watches per node.
+    fn split(&self) -> (usize, usize) {
+        match (self.secrets, self.configmaps) {
+            (0, 0) => (0, 0),
+            (0, _) => (0, self.per_node),
+            (_, 0) => (self.per_node, 0),
+            _ => (self.per_node.div_ceil(2), self.per_node / 2),
+        }
+    }
+}
+
+fn object_path(kind: &str, name: &str) -> String {
+    format!("/api/v1/namespaces/{NS}/{kind}/{name}")
+}
+
+fn pod_name(node: usize, j: usize) -> String {
+    format!("p-{node}-{j}")
+}
+
+/// The watches (path?query, readiness) and, per watch, the object paths it receives.
+fn plan(p: &Params) -> (Vec<(String, Ready)>, Vec<String>) {
+    let (ks, kc) = p.split();
+    let mut watches = Vec::new();
+    let mut receives = Vec::new();
+    for n in 0..p.nodes {
+        for (kind, prefix, count, per) in [
+            ("secrets", "s", p.secrets, ks),
+            ("configmaps", "c", p.configmaps, kc),
+        ] {
+            for j in 0..per {
+                let name = format!("{prefix}{}", (n * per + j) % count);
+                watches.push((
+                    format!("/api/v1/namespaces/{NS}/{kind}?watch=1&resourceVersion=0&fieldSelector=metadata.name%3D{name}"),
+                    Ready::FirstEvent,
+                ));
+                receives.push(object_path(kind, &name));
+            }
+        }
+        // The node's own pod watch; it receives every pod bound to the node.
+        let ready = if p.pods_per_node > 0 {
+            Ready::FirstEvent
+        } else {
+            Ready::Headers
+        };
+        watches.push((
+            format!(
+                "/api/v1/pods?watch=1&resourceVersion=0&fieldSelector=spec.nodeName%3Dnode-{n}"
+            ),
+            ready,
+        ));
+        for j in 0..p.pods_per_node {
+            receives.push(object_path("pods", &pod_name(n, j)));
+        }
+    }
+    (watches, receives)
+}
+
+/// Every object written to, in round-robin order.
+fn written_objects(p: &Params) -> Vec<String> {
+    let mut v: Vec<String> = (0..p.secrets)
+        .map(|i| object_path("secrets", &format!("s{i}")))
+        .collect();
+    v.extend((0..p.configmaps).map(|i| object_path("configmaps", &format!("c{i}"))));
+    for n in 0..p.nodes {
+        v.extend((0..p.pods_per_node).map(|j| object_path("pods", &pod_name(n, j))));
+    }
+    v
+}
+
+async fn setup(ctx: &Ctx, p: &Params) {
+    ctx.progress.stage("creating Secrets, ConfigMaps and pods");
+    let api = &ctx.api;
+    if let Err(e) = api.ensure_namespace(NS).await {
+        ctx.progress.log(&format!("namespace {NS}: {e}"));
+    }
+    let mut items: Vec<(String, Value)> = Vec::new();
+    let secrets = format!("/api/v1/namespaces/{NS}/secrets");
+    let configmaps = format!("/api/v1/namespaces/{NS}/configmaps");
+    let pods = format!("/api/v1/namespaces/{NS}/pods");
+    for i in 0..p.secrets {
+        items.push((
+            secrets.clone(),
+            json!({"metadata": {"name": format!("s{i}")}, "data": {"v": "MA=="}}),
+        ));
+    }
+    for i in 0..p.configmaps {
+        items.push((
+            configmaps.clone(),
+            json!({"metadata": {"name": format!("c{i}")}, "data": {"v": "0"}}),
+        ));
+    }
+    for n in 0..p.nodes {
+        for j in 0..p.pods_per_node {
+            items.push((
+                pods.clone(),
+                json!({
+                    "metadata": {"name": pod_name(n, j)},
+                    "spec": {
+                        "nodeName": format!("node-{n}"),
+                        "automountServiceAccountToken": false,
+                        "containers": [{"name": "c", "image": "k8s.gcr.io/pause:3.2"}],
+                    },
+                }),
+            ));
+        }
+    }
+    let n = api.create_all(items).await;
+    ctx.progress.log(&format!(
+        "setup: {} objects created, {} existed, {} failed",
+        n.created, n.existed, n.failed
+    ));
+}
+
+/// The per-cached-object figures: (API server bytes/object on create, kcache
+/// bytes/object on first list, the JSON section).
+async fn per_cached_object(ctx: &Ctx, n: usize) -> (Option<f64>, Option<f64>, Value) {
+    ctx.progress
+        .stage(&format!("per cached object: creating {n} 1 KiB ConfigMaps"));
+    let api = &ctx.api;
+    let settle = Duration::from_secs(3);
+    if let Err(e) = api.ensure_namespace(OBJECTS_NS).await {
+        ctx.progress.log(&format!("namespace {OBJECTS_NS}: {e}"));
+    }
+    let api_before = probe::rss_kib(ctx.args.apiserver_pid);
+    let data = payload(1024);
+    let items = (0..n)
+        .map(|i| {
+            (
+                format!("/api/v1/namespaces/{OBJECTS_NS}/configmaps"),
+                json!({"metadata": {"name": format!("cm{i}")}, "data": {"v": data}}),
+            )
+        })
+        .collect();
+    let created = api.create_all(items).await;
+    tokio::time::sleep(settle).await;
+    let api_growth = probe::rss_kib(ctx.args.apiserver_pid) as i64 - api_before as i64;
+    let api_per = (created.created > 0).then(|| per_item_bytes(api_growth, created.created));
+    let mut section = json!({
+        "configmaps_created": created.created,
+        "configmaps_existed": created.existed,
+        "apiserver_rss_growth_on_create_kib": api_growth,
+        "apiserver_rss_per_object_bytes": api_per,
+    });
+    let mut kcache_per = None;
+    if let Some(k) = ctx.targets.iter().find(|t| !t.is_apiserver()) {
+        ctx.progress
+            .stage("per cached object: one list through kcache");
+        let before = probe::rss_kib(k.pid);
+        let list = Api::new(&k.url, &ctx.args.token)
+            .get_json(&format!(
+                "/api/v1/namespaces/{OBJECTS_NS}/configmaps?resourceVersion=0"
+            ))
+            .await;
+        let (items, json_bytes) = match &list {
+            Ok(v) => (
+                v["items"].as_array().map_or(0, Vec::len),
+                v["items"].to_string().len(),
+            ),
+            Err(e) => {
+                ctx.progress.log(&format!("kcache list: {e}"));
+                (0, 0)
+            }
+        };
+        tokio::time::sleep(settle).await;
+        let growth = probe::rss_kib(k.pid) as i64 - before as i64;
+        kcache_per = (items > 0).then(|| per_item_bytes(growth, items));
+        section["kcache_objects_listed"] = json!(items);
+        section["json_bytes_per_object"] = json!(json_bytes as f64 / items.max(1) as f64);
+        section["kcache_rss_growth_kib"] = json!(growth);
+        section["kcache_rss_per_object_bytes"] = json!(kcache_per);
+    }
+    (api_per, kcache_per, section)
+}
+
+pub async fn run(ctx: &Ctx) -> ScenarioRun {
+    let p = Params::from_ctx(ctx);
+    setup(ctx, &p).await;
+    let (watches, receives) = plan(&p);
+    let watchers = fanout(receives.iter().map(String::as_str));
+    let objects = written_objects(&p);
+    let total_writes = (p.rate * p.seconds) as usize;
+    let mut reports = Vec::new();
+    let mut series = Vec::new();
+    for (i, t) in ctx.targets.iter().enumerate() {
+        if i > 0 {
+            between_targets(ctx).await;
+        }
+        let mut s = Session::start(ctx, "kubelet", t, 1, watches.len()).await;
+        let pool = ConnPool::new(&ctx.model, watches.len());
+        s.open(&pool, watches.clone()).await;
+        s.opened().await;
+        let written = s
+            .write(
+                annotate_round_robin(&objects, &watchers, total_writes),
+                p.rate,
+                0,
+            )
+            .await;
+        s.drain(0, written.expected).await;
+        let (report, sorted) = s.finish(0, &written).await;
+        series.push(Series {
+            label: t.name.to_string(),
+            sorted,
+        });
+        reports.push(report);
+    }
+    let mut sections = Vec::new();
+    if p.cached_objects > 0 {
+        let (api_per, kcache_per, section) = per_cached_object(ctx, p.cached_objects).await;
+        for r in &mut reports {
+            let (per, method) = if r.target == "kcache" {
+                (kcache_per, "kcache RSS growth when one list with resourceVersion=0 through it caches the namespace (includes the list's transient buffers)")
+            } else {
+                (api_per, "API server RSS growth while the objects were created (its watch cache holds them; includes etcd client and request buffers)")
+            };
+            r.cached_objects = Some(p.cached_objects);
+            r.rss_growth_per_cached_object_bytes = per;
+            r.cached_objects_method = Some(method.into());
+        }
+        sections.push(("per_cached_object".to_string(), section));
+    }
+    let (ks, kc) = p.split();
+    ScenarioRun {
+        workload: json!({
+            "nodes": p.nodes,
+            "secret_watches_per_node": ks,
+            "configmap_watches_per_node": kc,
+            "pod_watches_per_node": 1,
+            "watches_total": watches.len(),
+            "secrets": p.secrets,
+            "configmaps": p.configmaps,
+            "pods_per_node": p.pods_per_node,
+            "writes_per_second": p.rate,
+            "seconds": p.seconds,
+            "writes": total_writes,
+            "cached_objects": p.cached_objects,
+        }),
+        reports,
+        series,
+        notes: Vec::new(),
+        sections,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standard_plan_is_ten_thousand_watches_spread_evenly() {
+        let p = Params {
+            nodes: 100,
+            per_node: 99,
+            secrets: 500,
+            configmaps: 500,
+            pods_per_node: 2,
+            rate: 100,
+            seconds: 20,
+            cached_objects: 0,
+        };
+        let (watches, receives) = plan(&p);
+        assert_eq!(watches.len(), 10_000);
+        let f = fanout(receives.iter().map(String::as_str));
+        assert_eq!(f[&object_path("secrets", "s0")], 10);
+        assert_eq!(f[&object_path("pods", "p-7-1")], 1);
+        // Each written object's fan-out sums to the watch receipts.
+        let objects = written_objects(&p);
+        assert_eq!(objects.len(), 1200);
+        let total: usize = objects.iter().map(|o| f.get(o).copied().unwrap_or(0)).sum();
+        assert_eq!(total, receives.len());
+    }
+}
