@@ -37,6 +37,12 @@ pub struct CacheConfig {
     pub upstream_max_concurrent_lists: usize,
     /// Upstream list/watch starts per second across all keys.
     pub upstream_qps: u32,
+    /// Multiplex upstream lists and watches over HTTP/2 (as client-go does) instead of
+    /// one HTTP/1.1 connection per watch.
+    pub upstream_http2: bool,
+    /// Streams kcache puts on one upstream HTTP/2 connection before opening another;
+    /// below the server's SETTINGS_MAX_CONCURRENT_STREAMS (Go's default: 250).
+    pub upstream_streams_per_connection: usize,
 }
 
 impl Default for CacheConfig {
@@ -54,6 +60,8 @@ impl Default for CacheConfig {
             sync_timeout_secs: 30,
             upstream_max_concurrent_lists: 16,
             upstream_qps: 200,
+            upstream_http2: true,
+            upstream_streams_per_connection: 100,
         }
     }
 }

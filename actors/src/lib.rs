@@ -7,6 +7,7 @@
 //! - [`cached_object::CachedObject`]: one key's store + window, fed by a [`source`].
 //! - [`fleet`]: with `--nats`, ownership leases, event fan-out and mirroring across
 //!   replicas; [`listener::Listener`] publishes an owned key's events.
+//! - [`upstream_pool`]: lists and watches multiplexed over a few HTTP/2 connections.
 //! - [`watcher::Watcher`]: one downstream watch with the API server's cacheWatcher semantics.
 
 pub mod cached_object;
@@ -17,4 +18,5 @@ pub mod listener;
 pub mod metrics;
 pub mod registry;
 pub mod source;
+pub mod upstream_pool;
 pub mod watcher;

@@ -4,6 +4,7 @@
 pub const REGISTERED_WATCHERS: &str = "kcache_registered_watchers";
 pub const CACHED_KEYS: &str = "kcache_cached_keys";
 pub const UPSTREAM_WATCHES: &str = "kcache_upstream_watches";
+pub const UPSTREAM_CONNECTIONS: &str = "kcache_upstream_connections";
 pub const EVENTS_RECEIVED: &str = "kcache_watch_cache_events_received_total";
 pub const EVENTS_DISPATCHED: &str = "kcache_watch_cache_events_dispatched_total";
 pub const TERMINATED_WATCHERS: &str = "kcache_terminated_watchers_total";
@@ -23,6 +24,10 @@ pub fn describe() {
     describe_gauge!(
         UPSTREAM_WATCHES,
         "Upstream watches this replica holds open."
+    );
+    describe_gauge!(
+        UPSTREAM_CONNECTIONS,
+        "HTTP/2 connections to the API server carrying upstream lists and watches."
     );
     describe_counter!(EVENTS_RECEIVED, "Events received from the upstream watch.");
     describe_counter!(

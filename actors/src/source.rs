@@ -24,6 +24,7 @@ use crate::core::key::{Key, Scope};
 use crate::core::upstream::{step, Action, Backoff, Input, State};
 use crate::listener::Listener;
 use crate::metrics as m;
+use crate::upstream_pool::UpstreamClients;
 
 #[derive(Debug, Error)]
 pub enum Error {
@@ -192,19 +193,19 @@ impl UpstreamLimits {
 
 /// Sources that list and watch the upstream API server.
 pub struct UpstreamSource {
-    client: kube::Client,
+    clients: Arc<UpstreamClients>,
     cfg: Arc<CacheConfig>,
     limits: Arc<UpstreamLimits>,
 }
 
 impl UpstreamSource {
-    pub fn new(client: kube::Client, cfg: Arc<CacheConfig>) -> Self {
+    pub fn new(clients: Arc<UpstreamClients>, cfg: Arc<CacheConfig>) -> Self {
         let limits = Arc::new(UpstreamLimits::new(
             cfg.upstream_max_concurrent_lists,
             cfg.upstream_qps,
         ));
         UpstreamSource {
-            client,
+            clients,
             cfg,
             limits,
         }
@@ -222,7 +223,7 @@ impl UpstreamSource {
         let (tx, events) = mpsc::channel(64);
         let (commands, cmd_rx) = mpsc::channel(4);
         let run = Run {
-            client: self.client.clone(),
+            clients: self.clients.clone(),
             cfg: self.cfg.clone(),
             limits: self.limits.clone(),
             key: key.clone(),
@@ -265,7 +266,7 @@ impl Drop for WatchGauge {
 }
 
 struct Run {
-    client: kube::Client,
+    clients: Arc<UpstreamClients>,
     cfg: Arc<CacheConfig>,
     limits: Arc<UpstreamLimits>,
     key: Key,
@@ -406,8 +407,9 @@ impl Run {
                 key: self.key.to_string(),
                 source: kube::Error::HttpError(e),
             })?;
-        let list: Value = self
-            .client
+        let conn = self.clients.checkout();
+        let list: Value = conn
+            .client()
             .request(req)
             .await
             .map_err(|source| Error::ListFailed {
@@ -461,7 +463,9 @@ impl Run {
                     key: key.clone(),
                     source: kube::Error::HttpError(e),
                 })?;
-        let stream = match self.client.request_events::<Value>(req).await {
+        // Held while the stream lives: it counts against its HTTP/2 connection.
+        let conn = self.clients.checkout();
+        let stream = match conn.client().request_events::<Value>(req).await {
             Ok(s) => s,
             Err(kube::Error::Api(s)) if s.code == 410 => return Ok(WatchEnd::Gone),
             Err(source) => return Err(Error::WatchStartFailed { key, source }),

@@ -17,6 +17,7 @@ use actix_web::{web, App, HttpResponse, HttpServer};
 use kcache_actors::fleet::{self, Fleet, FleetSource};
 use kcache_actors::registry::{DrainAll, GetDebugKeys, Registry, StopAll};
 use kcache_actors::source::UpstreamSource;
+use kcache_actors::upstream_pool::{self, UpstreamClients};
 use metrics_exporter_prometheus::PrometheusHandle;
 use thiserror::Error;
 
@@ -38,6 +39,8 @@ pub enum Error {
     Serve(#[source] std::io::Error),
     #[error("joining the fleet: {0}")]
     Fleet(#[from] kcache_actors::fleet::Error),
+    #[error(transparent)]
+    UpstreamPool(#[from] kcache_actors::upstream_pool::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -75,7 +78,18 @@ pub async fn run(
 ) -> Result<()> {
     kcache_actors::metrics::describe();
     let resources = cfg.resource_types()?;
-    let client = kube::Client::try_from(kube_config.clone()).map_err(Error::UpstreamClient)?;
+    let (client, clients) = if cfg.cache.upstream_http2 {
+        (
+            upstream_pool::control_client(&kube_config)?,
+            UpstreamClients::http2(
+                kube_config.clone(),
+                cfg.cache.upstream_streams_per_connection,
+            )?,
+        )
+    } else {
+        let client = kube::Client::try_from(kube_config.clone()).map_err(Error::UpstreamClient)?;
+        (client.clone(), UpstreamClients::single(client))
+    };
     let proxy = Proxy::new(
         kube_config,
         cfg.server.max_request_body_bytes,
@@ -84,7 +98,7 @@ pub async fn run(
     .map_err(Error::UpstreamClient)?;
     let cache_cfg = Arc::new(cfg.cache.clone());
     let replica = cfg.server.replica_id.clone().unwrap_or_else(hostname);
-    let upstream = Arc::new(UpstreamSource::new(client.clone(), cache_cfg.clone()));
+    let upstream = Arc::new(UpstreamSource::new(Arc::new(clients), cache_cfg.clone()));
     let fleet = match &cfg.nats.url {
         Some(url) => {
             let keyring = fleet::load_keyring(&cfg.nats)?;

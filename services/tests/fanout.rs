@@ -162,6 +162,93 @@ async fn thousand_single_object_watches_share_one_upstream_watch_per_object() {
     .await;
 }
 
+/// Upstream lists and watches are HTTP/2 streams, `upstream_streams_per_connection` per
+/// connection: 30 keys take 3 connections where HTTP/1.1 would take 30.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_watches_share_http2_connections() {
+    let cluster = TestCluster::start().await;
+    let k = Kcache::start(&cluster, "[cache]\nupstream_streams_per_connection = 10\n").await;
+    let admin = cluster.kube_client().await;
+    support::create_namespace(&admin, "h2").await;
+    const KEYS: usize = 30;
+    for i in 0..KEYS {
+        create::<Secret>(
+            &admin,
+            Some("h2"),
+            json!({"metadata": {"name": format!("s{i}")}, "stringData": {"v": "0"}}),
+        )
+        .await;
+    }
+    let baseline = cluster.registered_watchers("Secret").await;
+    let added = Arc::new(AtomicUsize::new(0));
+    let modified = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..KEYS {
+        let url = format!(
+            "{}/api/v1/namespaces/h2/secrets?watch=1&resourceVersion=0&fieldSelector=metadata.name%3Ds{i}",
+            k.url
+        );
+        let (added, modified) = (added.clone(), modified.clone());
+        tasks.push(spawn_watch(support::insecure_http(), url, move |ev| {
+            match ev["type"].as_str() {
+                Some("ADDED") => added.fetch_add(1, Ordering::Relaxed),
+                Some("MODIFIED") => modified.fetch_add(1, Ordering::Relaxed),
+                _ => 0,
+            };
+        }));
+    }
+    eventually(
+        "every watch got its object",
+        Duration::from_secs(30),
+        || {
+            let added = added.clone();
+            async move { added.load(Ordering::Relaxed) == KEYS }
+        },
+    )
+    .await;
+    eventually(
+        "the API server holds one watch per key",
+        Duration::from_secs(20),
+        || async { cluster.registered_watchers("Secret").await == baseline + KEYS as u64 },
+    )
+    .await;
+    assert_eq!(k.metric("kcache_upstream_watches").await, KEYS as f64);
+    // A key holds one stream at a time (its list, then its watch): 30 streams, 10 each.
+    assert_eq!(k.metric("kcache_upstream_connections").await, 3.0);
+    // Black box: the process's own sockets. Besides the 3 HTTP/2 connections, one more
+    // carries TokenReviews and SubjectAccessReviews for the 30 watch requests, and the
+    // proxy's client may keep one; one connection per watch or review would be 30+.
+    let tcp = k.tcp_connections_to(cluster.port());
+    assert!(
+        (3..=5).contains(&tcp),
+        "{tcp} TCP connections from kcache to the API server"
+    );
+
+    let api: kube::Api<Secret> = kube::Api::namespaced(admin.clone(), "h2");
+    for i in 0..KEYS {
+        let patch = json!({"stringData": {"v": "1"}});
+        api.patch(
+            &format!("s{i}"),
+            &Default::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("update");
+    }
+    eventually(
+        "every watch got the update",
+        Duration::from_secs(30),
+        || {
+            let modified = modified.clone();
+            async move { modified.load(Ordering::Relaxed) == KEYS }
+        },
+    )
+    .await;
+    for t in tasks {
+        t.abort();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_pod_watch_sees_exactly_that_nodes_pods() {
     let cluster = TestCluster::start().await;

@@ -83,6 +83,15 @@ impl Kcache {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Established TCP connections this kcache process holds to `port` on loopback.
+    pub fn tcp_connections_to(&self, port: u16) -> usize {
+        super::tcp_connections_to(self.pid(), port)
+    }
+
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();

@@ -22,6 +22,7 @@ pub mod judge;
 pub mod kcache;
 pub mod nats;
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -102,6 +103,40 @@ fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// Established TCP connections process `pid` holds to remote `port`: its socket inodes
+/// (`/proc/<pid>/fd`) matched against `/proc/net/tcp{,6}` (state 01 = ESTABLISHED).
+pub fn tcp_connections_to(pid: u32, port: u16) -> usize {
+    let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter_map(|l| {
+                    let l = l.to_string_lossy().into_owned();
+                    let inode = l.strip_prefix("socket:[")?.strip_suffix(']')?;
+                    Some(inode.to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut n = 0;
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 10 || f[3] != "01" || !inodes.contains(f[9]) {
+                continue;
+            }
+            let remote_port = f[2]
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if remote_port == Some(port) {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
 /// A throw-away etcd + kube-apiserver. Dropping it kills both.
 pub struct TestCluster {
     /// `https://127.0.0.1:<port>` (self-signed serving certificate).
@@ -162,6 +197,11 @@ impl TestCluster {
         cluster.wait_etcd().await;
         cluster.start_apiserver().await;
         cluster
+    }
+
+    /// The API server's port.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     pub fn dir_path(&self) -> &Path {
