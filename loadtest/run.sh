@@ -98,7 +98,10 @@ fi
 echo "pinned: $pinning"
 
 port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
-"${pin_kcache[@]}" target/release/kcache serve --kubeconfig "$KUBECONFIG" --listen "127.0.0.1:$port" \
+# KCACHE_BENCH_WRAP runs kcache under a profiler, e.g. "heaptrack -o /tmp/kcache-heap";
+# RSS and CPU figures are then the wrapper's and mean nothing.
+read -r -a wrap <<<"${KCACHE_BENCH_WRAP:-}"
+"${pin_kcache[@]}" "${wrap[@]}" target/release/kcache serve --kubeconfig "$KUBECONFIG" --listen "127.0.0.1:$port" \
   "${kcache_args[@]}" >"$KUBE_DIR/kcache.log" 2>&1 &
 kpid=$!
 ready=

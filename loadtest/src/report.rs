@@ -88,6 +88,10 @@ pub struct TargetReport {
     pub apiserver_rss_growth_kib: i64,
     /// For kcache, target + API server growth per client watch (direct: same as above).
     pub rss_growth_per_watch_incl_upstream_bytes: f64,
+    /// RSS growth per watch opened after every key already had one (kubelet): what one
+    /// more idle watch costs, without the per-key cost (kcache's cached object and
+    /// upstream watch) that the first watch of a key carries.
+    pub rss_marginal_per_watch_bytes: Option<f64>,
     pub rss_steps: Vec<RssStep>,
     /// Objects the per-cached-object figure is based on, and how it was measured.
     pub cached_objects: Option<usize>,
@@ -136,6 +140,10 @@ impl TargetReport {
             (
                 "rss_growth_per_watch_incl_upstream_bytes",
                 Some(self.rss_growth_per_watch_incl_upstream_bytes),
+            ),
+            (
+                "rss_marginal_per_watch_bytes",
+                self.rss_marginal_per_watch_bytes,
             ),
             (
                 "rss_growth_per_cached_object_bytes",

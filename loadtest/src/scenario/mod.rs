@@ -146,6 +146,9 @@ pub struct Session<'a> {
     connections: usize,
     rss_after: u64,
     apiserver_rss_after: u64,
+    /// (RSS, watches requested) when every key had its first watch; see
+    /// [`Session::keys_warm`].
+    warm: Option<(u64, usize)>,
     cpu_open: Cpu,
     write_start: Option<Cpu>,
     server_watches: ServerWatches,
@@ -193,6 +196,7 @@ impl<'a> Session<'a> {
             cpu_open: Cpu::default(),
             rss_after: before.rss,
             apiserver_rss_after: before.apiserver_rss,
+            warm: None,
             before,
             handles: Vec::new(),
             steps: Vec::new(),
@@ -231,6 +235,19 @@ impl<'a> Session<'a> {
     /// Opens `watches` (`path?query`, readiness) on `pool`'s connections in
     /// `--steps` steps, sampling RSS after each step has been established.
     pub async fn open(&mut self, pool: &ConnPool, watches: Vec<(String, Ready)>) {
+        self.open_at(pool, watches, 0).await
+    }
+
+    /// Records the RSS once every key has its first watch: the watches opened after
+    /// this give the marginal per-watch figure.
+    pub async fn keys_warm(&mut self) {
+        tokio::time::sleep(Duration::from_millis(self.ctx.args.settle_ms)).await;
+        self.warm = Some((probe::rss_kib(self.target.pid), self.client_watches));
+    }
+
+    /// As [`Session::open`], for a later batch on the same pool: `offset` is the number
+    /// of watches the pool already carries, so connections fill in order.
+    pub async fn open_at(&mut self, pool: &ConnPool, watches: Vec<(String, Ready)>, offset: usize) {
         let ctx = self.ctx;
         let total = watches.len();
         self.client_watches += total;
@@ -253,7 +270,7 @@ impl<'a> Session<'a> {
             let end = total * (step + 1) / steps;
             for (i, (pq, ready)) in watches.by_ref().take(end - total * step / steps) {
                 let req = WatchReq {
-                    client: pool.get(i),
+                    client: pool.get(offset + i),
                     url: self.url(&pq),
                     token: ctx.args.token.clone(),
                 };
@@ -458,6 +475,11 @@ impl<'a> Session<'a> {
             apiserver_rss_before_kib: self.before.apiserver_rss,
             apiserver_rss_growth_kib: api_growth,
             rss_growth_per_watch_incl_upstream_bytes: per_item_bytes(incl, self.client_watches),
+            rss_marginal_per_watch_bytes: self.warm.filter(|&(_, n)| self.client_watches > n).map(
+                |(rss, n)| {
+                    per_item_bytes(self.rss_after as i64 - rss as i64, self.client_watches - n)
+                },
+            ),
             rss_steps: self.steps.clone(),
             writes: written.writes,
             write_errors: written.failed,
