@@ -108,9 +108,12 @@ fn plan(p: &Params) -> (Vec<(String, Ready)>, Vec<String>) {
     (watches, receives)
 }
 
+/// A watch to open: `path?query` and when it counts as established.
+type WatchSpec = (String, Ready);
+
 /// Splits watches into the first watch of each distinct path?query (its key) and the
 /// rest, each in plan order.
-fn first_per_key(watches: &[(String, Ready)]) -> (Vec<(String, Ready)>, Vec<(String, Ready)>) {
+fn first_per_key(watches: &[WatchSpec]) -> (Vec<WatchSpec>, Vec<WatchSpec>) {
     let mut seen = std::collections::HashSet::new();
     watches
         .iter()
