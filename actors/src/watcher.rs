@@ -195,11 +195,17 @@ impl Actor for Watcher {
             ctx.stop();
         });
         if !self.spec.keepalive.is_zero() {
+            // Watches opened together (a node's, after a restart) would otherwise all
+            // write their keepalives in the same instant, every period: a burst that
+            // delays real events. A random phase spreads them over the period.
             let every = self.spec.keepalive;
-            ctx.run_interval(every, move |act, ctx| {
-                if act.last_write.elapsed() >= every {
-                    act.push(Bytes::from_static(b"\n"), ctx);
-                }
+            let phase = every.mul_f64(rand::random::<f64>());
+            ctx.run_later(phase, move |_, ctx| {
+                ctx.run_interval(every, move |act, ctx| {
+                    if act.last_write.elapsed() >= every {
+                        act.push(Bytes::from_static(b"\n"), ctx);
+                    }
+                });
             });
         }
         // Notice a client that went away even on a quiet key (HTTP/1.1 closes the body).
