@@ -126,6 +126,11 @@ pub struct Args {
     /// kubelet: pods bound to each node (written to like the other objects).
     #[arg(long, default_value_t = 2)]
     pub pods_per_node: usize,
+    /// kubelet: during the kcache run, this many Secrets/ConfigMaps also get one watch
+    /// directly on the API server, so each of their events is timed on both paths at
+    /// once (the paired added latency; 0 = skip).
+    #[arg(long, default_value_t = 100)]
+    pub paired_objects: usize,
     /// kubelet: 1 KiB ConfigMaps for the per-cached-object figure (0 = skip).
     #[arg(long, default_value_t = 2000)]
     pub cached_objects: usize,

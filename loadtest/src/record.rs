@@ -56,6 +56,11 @@ pub struct Recorder {
     samples: Mutex<Vec<Vec<Duration>>>,
     /// Why requests failed or were retried, with counts (reported in the JSON).
     reasons: Mutex<BTreeMap<String, usize>>,
+    /// key → arrival instants, for the paired comparison ([`added_by`]).
+    arrivals: Mutex<HashMap<String, Vec<Instant>>>,
+    /// A reference recorder (direct API server watches during a kcache run) records the
+    /// arrival of every keyed event; its writes are marked in another recorder.
+    reference: bool,
     pub counters: Counters,
 }
 
@@ -77,7 +82,17 @@ impl Recorder {
             sent: Mutex::default(),
             samples: Mutex::new(vec![Vec::new(); phases.max(1)]),
             reasons: Mutex::default(),
+            arrivals: Mutex::default(),
+            reference: false,
             counters: Counters::default(),
+        }
+    }
+
+    /// A recorder for reference watches: see [`added_by`].
+    pub fn reference() -> Recorder {
+        Recorder {
+            reference: true,
+            ..Recorder::new(1)
         }
     }
 
@@ -88,9 +103,21 @@ impl Recorder {
 
     /// A watch received an event carrying `key` at `at`; true if it was a current write.
     pub fn delivered(&self, key: &str, at: Instant) -> bool {
+        if self.reference {
+            lock(&self.arrivals)
+                .entry(key.to_string())
+                .or_default()
+                .push(at);
+            Counters::inc(&self.counters.deliveries);
+            return true;
+        }
         let Some((t0, phase)) = lock(&self.sent).get(key).copied() else {
             return false;
         };
+        lock(&self.arrivals)
+            .entry(key.to_string())
+            .or_default()
+            .push(at);
         if let Some(v) = lock(&self.samples).get_mut(phase) {
             v.push(at.saturating_duration_since(t0));
         }
@@ -127,6 +154,42 @@ impl Recorder {
     }
 }
 
+/// Paired latency: for every write that both recorders saw, each arrival in `measured`
+/// minus the first arrival in `reference` (a direct API server watch of the same object,
+/// open at the same time), in milliseconds, sorted. Both streams carry the same event at
+/// the same time, so the API server's own delay cancels out and what is left is the hop
+/// through kcache (negative when kcache's copy happened to arrive first).
+pub fn added_by(measured: &Recorder, reference: &Recorder) -> Vec<f64> {
+    let reference = lock(&reference.arrivals);
+    let mut out: Vec<f64> = lock(&measured.arrivals)
+        .iter()
+        .filter_map(|(key, at)| {
+            let r = reference.get(key)?.iter().min()?;
+            Some(at.iter().map(move |a| signed_ms(*a, *r)))
+        })
+        .flatten()
+        .collect();
+    out.sort_by(f64::total_cmp);
+    out
+}
+
+fn signed_ms(a: Instant, b: Instant) -> f64 {
+    if a >= b {
+        (a - b).as_secs_f64() * 1e3
+    } else {
+        -((b - a).as_secs_f64() * 1e3)
+    }
+}
+
+/// Nearest-rank percentile of sorted values.
+pub fn percentile_f64(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,5 +205,30 @@ mod tests {
         assert_eq!((r.count(0), r.count(1)), (0, 2));
         assert_eq!(Counters::get(&r.counters.deliveries), 2);
         assert_ne!(next_seq_key(), k);
+    }
+
+    #[test]
+    fn paired_latency_is_measured_minus_first_reference_arrival() {
+        let (m, r) = (Recorder::new(1), Recorder::reference());
+        let t0 = Instant::now();
+        let (k1, k2) = (next_seq_key(), next_seq_key());
+        m.mark_sent(k1.clone(), 0);
+        m.mark_sent(k2.clone(), 0);
+        let at = |ms| t0 + Duration::from_millis(ms);
+        // Reference watches know no writes of their own but record every keyed event.
+        assert!(r.delivered(&k1, at(12)));
+        assert!(r.delivered(&k1, at(10)));
+        m.delivered(&k1, at(13));
+        m.delivered(&k1, at(9));
+        // No reference arrival: not paired.
+        m.delivered(&k2, at(50));
+        let d = added_by(&m, &r);
+        assert_eq!(d.len(), 2);
+        assert!(
+            (d[0] + 1.0).abs() < 1e-6 && (d[1] - 3.0).abs() < 1e-6,
+            "{d:?}"
+        );
+        assert_eq!(percentile_f64(&d, 0.5), Some(d[0]));
+        assert_eq!(percentile_f64(&[], 0.5), None);
     }
 }

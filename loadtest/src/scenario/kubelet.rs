@@ -9,9 +9,11 @@
 //! namespace; the API server's RSS growth while they are created (its watch cache holds
 //! them) and kcache's growth when one list through it makes it cache the namespace.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use tokio::task::JoinHandle;
 
 use super::{
     annotate_round_robin, between_targets, fanout, payload, per_item_bytes, Ctx, ScenarioRun,
@@ -19,7 +21,8 @@ use super::{
 };
 use crate::client::{Api, ConnPool};
 use crate::probe;
-use crate::watch::Ready;
+use crate::record::{added_by, percentile_f64, Counters, Recorder};
+use crate::watch::{self, Ready, WatchReq};
 
 const NS: &str = "bench-kubelet";
 const OBJECTS_NS: &str = "bench-objects";
@@ -34,6 +37,7 @@ pub struct Params {
     pub rate: u64,
     pub seconds: u64,
     pub cached_objects: usize,
+    pub paired: usize,
 }
 
 impl Params {
@@ -48,6 +52,7 @@ impl Params {
             rate: a.rate.unwrap_or(100).max(1),
             seconds: a.seconds.unwrap_or(20),
             cached_objects: a.cached_objects,
+            paired: a.paired_objects,
         }
     }
 
@@ -131,6 +136,82 @@ fn written_objects(p: &Params) -> Vec<String> {
         v.extend((0..p.pods_per_node).map(|j| object_path("pods", &pod_name(n, j))));
     }
     v
+}
+
+/// Secrets and ConfigMaps (kind, name) spread evenly over all of them, `p.paired` in all.
+fn reference_objects(p: &Params) -> Vec<(&'static str, String)> {
+    let all: Vec<(&'static str, String)> = (0..p.secrets)
+        .map(|i| ("secrets", format!("s{i}")))
+        .chain((0..p.configmaps).map(|i| ("configmaps", format!("c{i}"))))
+        .collect();
+    if p.paired == 0 || all.is_empty() {
+        return Vec::new();
+    }
+    let step = (all.len() / p.paired).max(1);
+    all.into_iter().step_by(step).take(p.paired).collect()
+}
+
+/// Direct API server watches of the reference objects, recording into a reference
+/// recorder; waits (at most 60 s) until they are established.
+async fn open_reference(ctx: &Ctx, p: &Params) -> Option<(Arc<Recorder>, Vec<JoinHandle<()>>)> {
+    let objects = reference_objects(p);
+    if objects.is_empty() {
+        return None;
+    }
+    ctx.progress.stage(&format!(
+        "opening {} reference watches on the API server",
+        objects.len()
+    ));
+    let rec = Arc::new(Recorder::reference());
+    let pool = ConnPool::new(&ctx.model, objects.len());
+    let handles = objects
+        .iter()
+        .enumerate()
+        .map(|(i, (kind, name))| {
+            let req = WatchReq {
+                client: pool.get(i),
+                url: format!(
+                    "{}/api/v1/namespaces/{NS}/{kind}?watch=1&resourceVersion=0&fieldSelector=metadata.name%3D{name}",
+                    ctx.args.apiserver
+                ),
+                token: ctx.args.token.clone(),
+            };
+            watch::spawn(req, Ready::FirstEvent, rec.clone())
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let c = &rec.counters;
+    while Counters::get(&c.ready) + Counters::get(&c.failed) < objects.len()
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Some((rec, handles))
+}
+
+/// The paired figure: each kcache delivery of a reference object's write minus the
+/// direct watch's arrival of the same write.
+fn paired_section(ctx: &Ctx, measured: &Recorder, reference: &Recorder, watches: usize) -> Value {
+    let d = added_by(measured, reference);
+    let q = |p| percentile_f64(&d, p);
+    ctx.progress.log(&format!(
+        "kcache: added latency, paired with {watches} direct watches ({} samples): p50 {:.2} ms, p99 {:.2} ms",
+        d.len(),
+        q(0.5).unwrap_or(f64::NAN),
+        q(0.99).unwrap_or(f64::NAN),
+    ));
+    json!({
+        "paired_added_latency": {
+            "method": "for writes to objects that also had a direct API server watch open during the kcache run: each kcache delivery's arrival minus the direct watch's arrival of the same event (same generator, same moment; the API server's own delay cancels out)",
+            "reference_watches": watches,
+            "reference_established": Counters::get(&reference.counters.ready),
+            "samples": d.len(),
+            "p50_ms": q(0.5),
+            "p90_ms": q(0.9),
+            "p99_ms": q(0.99),
+            "max_ms": d.last(),
+        }
+    })
 }
 
 async fn setup(ctx: &Ctx, p: &Params) {
@@ -261,6 +342,13 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         s.keys_warm().await;
         s.open_at(&pool, rest, n).await;
         s.opened().await;
+        // After the RSS and watch counts are taken: these watches load only the API
+        // server, and only lightly (one per reference object).
+        let reference = if t.is_apiserver() {
+            None
+        } else {
+            open_reference(ctx, &p).await
+        };
         let written = s
             .write(
                 annotate_round_robin(&objects, &watchers, total_writes),
@@ -269,7 +357,16 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
             )
             .await;
         s.drain(0, written.expected).await;
-        let (report, sorted) = s.finish(0, &written).await;
+        let paired = reference.map(|(r, handles)| {
+            for h in handles {
+                h.abort();
+            }
+            paired_section(ctx, &s.rec, &r, reference_objects(&p).len())
+        });
+        let (mut report, sorted) = s.finish(0, &written).await;
+        if let Some(extra) = paired {
+            report.extra = extra;
+        }
         series.push(Series {
             label: t.name.to_string(),
             sorted,
@@ -329,12 +426,17 @@ mod tests {
             rate: 100,
             seconds: 20,
             cached_objects: 0,
+            paired: 100,
         };
         let (watches, receives) = plan(&p);
         assert_eq!(watches.len(), 10_000);
         let f = fanout(receives.iter().map(String::as_str));
         assert_eq!(f[&object_path("secrets", "s0")], 10);
         assert_eq!(f[&object_path("pods", "p-7-1")], 1);
+        let refs = reference_objects(&p);
+        assert_eq!(refs.len(), 100);
+        assert_eq!(refs[0], ("secrets", "s0".to_string()));
+        assert_eq!(refs[50], ("configmaps", "c0".to_string()));
         // Each written object's fan-out sums to the watch receipts.
         let (first, rest) = first_per_key(&watches);
         assert_eq!(first.len(), 1000 + 100);
