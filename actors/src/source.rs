@@ -21,6 +21,7 @@ use crate::config::CacheConfig;
 use crate::core::event::{object_rv, StoreEvent};
 use crate::core::filter::EventType;
 use crate::core::key::{Key, Scope};
+use crate::core::lines::Lines;
 use crate::core::upstream::{step, Action, Backoff, Input, State};
 use crate::listener::Listener;
 use crate::metrics as m;
@@ -249,6 +250,87 @@ impl SourceFactory for UpstreamSource {
     }
 }
 
+/// Longest upstream watch line accepted: etcd's default request limit is 1.5 MiB per
+/// object, and JSON can escape that to several times as many bytes.
+const MAX_EVENT_LINE: usize = 64 << 20;
+
+/// Starts a watch request and decodes its body line by line ([`Lines`]) into events;
+/// what kube-rs's `request_events` does, without its 8 KiB buffer per stream. Error
+/// answers become `kube::Error::Api` with the server's `Status`, as there.
+async fn watch_events(
+    client: &kube::Client,
+    req: http::Request<Vec<u8>>,
+) -> Result<impl futures::Stream<Item = Result<WatchEvent<Value>, kube::Error>>, kube::Error> {
+    use http_body_util::BodyExt;
+    let (mut parts, body) = req.into_parts();
+    // Event lines are small and must arrive at once; gzip would batch them.
+    parts.headers.insert(
+        http::header::ACCEPT_ENCODING,
+        http::HeaderValue::from_static("identity"),
+    );
+    let res = client
+        .send(http::Request::from_parts(
+            parts,
+            kube::client::Body::from(body),
+        ))
+        .await?;
+    let code = res.status();
+    if code.is_client_error() || code.is_server_error() {
+        let bytes = res.into_body().collect().await?.to_bytes();
+        let status = serde_json::from_slice::<kube::core::Status>(&bytes).unwrap_or_else(|_| {
+            kube::core::Status::failure(String::from_utf8_lossy(&bytes).trim(), "")
+                .with_code(code.as_u16())
+        });
+        return Err(kube::Error::Api(Box::new(status)));
+    }
+    struct St {
+        body: kube::client::Body,
+        lines: Lines,
+        ready: std::collections::VecDeque<bytes::Bytes>,
+        done: bool,
+    }
+    let st = St {
+        body: res.into_body(),
+        lines: Lines::new(MAX_EVENT_LINE),
+        ready: Default::default(),
+        done: false,
+    };
+    Ok(futures::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(line) = st.ready.pop_front() {
+                let ev = serde_json::from_slice::<WatchEvent<Value>>(&line).map_err(|e| {
+                    match serde_json::from_slice::<kube::core::Status>(&line) {
+                        Ok(status) => kube::Error::Api(Box::new(status)),
+                        Err(_) => kube::Error::SerdeError(e),
+                    }
+                });
+                return Some((ev, st));
+            }
+            if st.done {
+                return None;
+            }
+            match st.body.frame().await {
+                None => st.done = true,
+                Some(Err(e)) => {
+                    st.done = true;
+                    return Some((Err(e), st));
+                }
+                Some(Ok(frame)) => {
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    let mut out = Vec::new();
+                    if let Err(e) = st.lines.push(data, &mut out) {
+                        st.done = true;
+                        return Some((Err(kube::Error::ReadEvents(std::io::Error::other(e))), st));
+                    }
+                    st.ready.extend(out);
+                }
+            }
+        }
+    }))
+}
+
 /// Counts an open upstream watch for as long as it lives, even if the task is aborted.
 struct WatchGauge;
 
@@ -465,7 +547,7 @@ impl Run {
                 })?;
         // Held while the stream lives: it counts against its HTTP/2 connection.
         let conn = self.clients.checkout();
-        let stream = match conn.client().request_events::<Value>(req).await {
+        let stream = match watch_events(conn.client(), req).await {
             Ok(s) => s,
             Err(kube::Error::Api(s)) if s.code == 410 => return Ok(WatchEnd::Gone),
             Err(source) => return Err(Error::WatchStartFailed { key, source }),

@@ -10,6 +10,7 @@ pub mod filter;
 pub mod interest;
 pub mod key;
 pub mod lease;
+pub mod lines;
 pub mod mirror;
 pub mod relist;
 pub mod rv;
