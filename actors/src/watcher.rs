@@ -77,7 +77,9 @@ pub struct Watcher {
     started: bool,
     closing: bool,
     last_write: Instant,
-    labels: [(&'static str, String); 2],
+    /// Metric handles, resolved once: a delivery must not build and look up labels.
+    dispatched: metrics::Counter,
+    registered: metrics::Gauge,
 }
 
 impl Watcher {
@@ -86,6 +88,8 @@ impl Watcher {
             ("group", spec.key.resource.group.clone()),
             ("resource", spec.key.resource.resource.clone()),
         ];
+        let dispatched = metrics::counter!(m::EVENTS_DISPATCHED, &labels);
+        let registered = metrics::gauge!(m::REGISTERED_WATCHERS, &labels);
         Watcher {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             floor: spec.plan.from_rv,
@@ -95,7 +99,8 @@ impl Watcher {
             started: false,
             closing: false,
             last_write: Instant::now(),
-            labels,
+            dispatched,
+            registered,
         }
     }
 
@@ -109,12 +114,14 @@ impl Watcher {
             Ok(()) => {
                 self.last_write = Instant::now();
                 if !keepalive {
-                    metrics::counter!(m::EVENTS_DISPATCHED, &self.labels).increment(1);
+                    self.dispatched.increment(1);
                 }
                 true
             }
             Err(mpsc::error::TrySendError::Full(_)) => {
-                metrics::counter!(m::TERMINATED_WATCHERS, &self.labels).increment(1);
+                let r = &self.spec.key.resource;
+                metrics::counter!(m::TERMINATED_WATCHERS, "group" => r.group.clone(), "resource" => r.resource.clone())
+                    .increment(1);
                 tracing::warn!(key = %self.spec.key, watcher = self.id, "closing unresponsive watcher: client is not reading");
                 self.closing = true;
                 ctx.stop();
@@ -188,7 +195,7 @@ impl Actor for Watcher {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(self.spec.mailbox.max(1));
-        metrics::gauge!(m::REGISTERED_WATCHERS, &self.labels).increment(1.0);
+        self.registered.increment(1.0);
         let deadline = Instant::now() + self.spec.timeout;
         ctx.run_later(self.spec.timeout, |act, ctx| {
             act.closing = true;
@@ -228,7 +235,7 @@ impl Actor for Watcher {
     }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
-        metrics::gauge!(m::REGISTERED_WATCHERS, &self.labels).decrement(1.0);
+        self.registered.decrement(1.0);
         self.spec
             .cached
             .do_send(cached_object::Unsubscribe { id: self.id });
