@@ -49,6 +49,8 @@ eval "$(scripts/start-test-cluster.sh "$bin")"
 kpid=
 cleanup() {
   local status=$?
+  # A KCACHE_BENCH_WRAP wrapper's child is kcache itself.
+  [[ -n $kpid ]] && { pkill -TERM -P "$kpid" 2>/dev/null || true; }
   # shellcheck disable=SC2086
   kill $kpid $KUBE_PIDS 2>/dev/null || true
   # The API server takes ~10 s to shut down; the next run must not share core 0 with it.
@@ -61,9 +63,9 @@ cleanup() {
     kill -0 "$p" 2>/dev/null && { kill -9 "$p" 2>/dev/null || true; }
   done
   wait 2>/dev/null || true
-  if ((status == 0)); then
+  if ((status == 0)) && [[ -z ${KCACHE_BENCH_KEEP_LOGS:-} ]]; then
     rm -rf "$KUBE_DIR"
-  else
+  elif ((status != 0)); then
     echo "run.sh: failed; logs (apiserver.log, etcd.log, kcache.log) kept in $KUBE_DIR" >&2
   fi
 }

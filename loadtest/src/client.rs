@@ -179,19 +179,33 @@ impl Api {
 
     /// Creates many objects, 16 requests at a time.
     pub async fn create_all(&self, items: Vec<(String, Value)>) -> Created {
-        let results: Vec<Result<(), ApiError>> = futures::stream::iter(items)
-            .map(|(path, body)| async move { self.create(&path, &body).await })
-            .buffer_unordered(16)
-            .collect()
-            .await;
         let mut n = Created::default();
-        for r in results {
-            match r {
-                Ok(()) => n.created += 1,
-                Err(ApiError::Status(409)) => n.existed += 1,
-                Err(_) => n.failed += 1,
+        let mut todo = items;
+        // A busy API server sheds some creates (429, 5xx, timeouts): retry those, so no
+        // watch of the plan waits for an object that was never made.
+        for attempt in 1..=4 {
+            let results: Vec<((String, Value), Result<(), ApiError>)> = futures::stream::iter(todo)
+                .map(|(path, body)| async move {
+                    let r = self.create(&path, &body).await;
+                    ((path, body), r)
+                })
+                .buffer_unordered(16)
+                .collect()
+                .await;
+            todo = Vec::new();
+            for (item, r) in results {
+                match r {
+                    Ok(()) => n.created += 1,
+                    Err(ApiError::Status(409)) => n.existed += 1,
+                    Err(_) => todo.push(item),
+                }
             }
+            if todo.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(attempt)).await;
         }
+        n.failed = todo.len();
         n
     }
 

@@ -278,7 +278,14 @@ impl<'a> Session<'a> {
                     .push(watch::spawn(req, ready, self.rec.clone()));
             }
             let goal = base + end;
-            let all = Self::wait_until(deadline, || {
+            // Past the deadline, still give each step some time: opening every remaining
+            // watch at once would be a storm of handshakes no client makes.
+            let until = if warned {
+                Instant::now() + Duration::from_secs(30)
+            } else {
+                deadline
+            };
+            let all = Self::wait_until(until, || {
                 Counters::get(&c.ready) + Counters::get(&c.failed) >= goal
             })
             .await;
@@ -295,7 +302,7 @@ impl<'a> Session<'a> {
                     self.target.name,
                     Counters::get(&c.ready) + Counters::get(&c.failed),
                 ));
-                // The remaining steps are opened without waiting.
+                // The remaining steps wait at most 30 s each.
             }
         }
     }
