@@ -101,9 +101,10 @@ echo "pinned: $pinning"
 
 port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
 # KCACHE_BENCH_WRAP runs kcache under a profiler, e.g. "heaptrack -o /tmp/kcache-heap";
-# RSS and CPU figures are then the wrapper's and mean nothing.
+# RSS and CPU figures are then the wrapper's and mean nothing. KCACHE_BENCH_BIN: another
+# kcache build (e.g. one with debug line tables for the profiler).
 read -r -a wrap <<<"${KCACHE_BENCH_WRAP:-}"
-"${pin_kcache[@]}" "${wrap[@]}" target/release/kcache serve --kubeconfig "$KUBECONFIG" --listen "127.0.0.1:$port" \
+"${pin_kcache[@]}" "${wrap[@]}" "${KCACHE_BENCH_BIN:-target/release/kcache}" serve --kubeconfig "$KUBECONFIG" --listen "127.0.0.1:$port" \
   "${kcache_args[@]}" >"$KUBE_DIR/kcache.log" 2>&1 &
 kpid=$!
 ready=
