@@ -319,12 +319,10 @@ async fn watch_events(
                     let Ok(data) = frame.into_data() else {
                         continue;
                     };
-                    let mut out = Vec::new();
-                    if let Err(e) = st.lines.push(data, &mut out) {
+                    if let Err(e) = st.lines.push(data, &mut st.ready) {
                         st.done = true;
                         return Some((Err(kube::Error::ReadEvents(std::io::Error::other(e))), st));
                     }
-                    st.ready.extend(out);
                 }
             }
         }

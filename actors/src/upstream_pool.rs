@@ -88,10 +88,15 @@ impl UpstreamClients {
             let client = kube::Client::try_from(config).map_err(Error::Client)?;
             return Ok(Self::single(client));
         }
-        // Fail now, not on the first watch, if the TLS settings are unusable.
-        http2_client(&config)?;
+        // Built now, so unusable TLS settings fail at start, not on the first watch; it
+        // connects on its first request.
+        let first = Conn {
+            client: http2_client(&config)?,
+            streams: Arc::new(AtomicUsize::new(0)),
+        };
+        metrics::gauge!(m::UPSTREAM_CONNECTIONS).set(1.0);
         Ok(UpstreamClients {
-            conns: Mutex::new(Vec::new()),
+            conns: Mutex::new(vec![first]),
             make: Box::new(move || http2_client(&config)),
             per_conn: per_conn.max(1),
         })

@@ -9,7 +9,7 @@
 //! new watch never count as deliveries.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -61,6 +61,9 @@ pub struct Recorder {
     /// A reference recorder (direct API server watches during a kcache run) records the
     /// arrival of every keyed event; its writes are marked in another recorder.
     reference: bool,
+    /// Arrivals are kept only once a pairing needs them ([`Recorder::keep_arrivals`]):
+    /// the generator shares a core with kcache, so it does no bookkeeping it needn't.
+    keep_arrivals: AtomicBool,
     pub counters: Counters,
 }
 
@@ -84,8 +87,14 @@ impl Recorder {
             reasons: Mutex::default(),
             arrivals: Mutex::default(),
             reference: false,
+            keep_arrivals: AtomicBool::new(false),
             counters: Counters::default(),
         }
+    }
+
+    /// From now on, record each current write's arrival instants for [`added_by`].
+    pub fn keep_arrivals(&self) {
+        self.keep_arrivals.store(true, Ordering::Relaxed);
     }
 
     /// A recorder for reference watches: see [`added_by`].
@@ -114,10 +123,12 @@ impl Recorder {
         let Some((t0, phase)) = lock(&self.sent).get(key).copied() else {
             return false;
         };
-        lock(&self.arrivals)
-            .entry(key.to_string())
-            .or_default()
-            .push(at);
+        if self.keep_arrivals.load(Ordering::Relaxed) {
+            lock(&self.arrivals)
+                .entry(key.to_string())
+                .or_default()
+                .push(at);
+        }
         if let Some(v) = lock(&self.samples).get_mut(phase) {
             v.push(at.saturating_duration_since(t0));
         }
@@ -210,6 +221,7 @@ mod tests {
     #[test]
     fn paired_latency_is_measured_minus_first_reference_arrival() {
         let (m, r) = (Recorder::new(1), Recorder::reference());
+        m.keep_arrivals();
         let t0 = Instant::now();
         let (k1, k2) = (next_seq_key(), next_seq_key());
         m.mark_sent(k1.clone(), 0);

@@ -28,6 +28,18 @@ where
     api.create(&Default::default(), &obj).await.expect("create");
 }
 
+/// Secrets `s0`..`s{n-1}` in `ns`, each with `v: "0"`.
+async fn create_secrets(client: &kube::Client, ns: &str, n: usize) {
+    for i in 0..n {
+        create::<Secret>(
+            client,
+            Some(ns),
+            json!({"metadata": {"name": format!("s{i}")}, "stringData": {"v": "0"}}),
+        )
+        .await;
+    }
+}
+
 /// Opens a watch and calls `f` for each event until the stream ends.
 fn spawn_watch(
     http: reqwest::Client,
@@ -60,14 +72,7 @@ async fn thousand_single_object_watches_share_one_upstream_watch_per_object() {
     .await;
     let admin = cluster.kube_client().await;
     support::create_namespace(&admin, "fan").await;
-    for i in 0..100 {
-        create::<Secret>(
-            &admin,
-            Some("fan"),
-            json!({"metadata": {"name": format!("s{i}")}, "stringData": {"v": "0"}}),
-        )
-        .await;
-    }
+    create_secrets(&admin, "fan", 100).await;
     let baseline = cluster.registered_watchers("Secret").await;
 
     let http = reqwest::Client::builder()
@@ -124,17 +129,7 @@ async fn thousand_single_object_watches_share_one_upstream_watch_per_object() {
     )
     .await;
 
-    let api: kube::Api<Secret> = kube::Api::namespaced(admin.clone(), "fan");
-    for i in 0..100 {
-        let patch = json!({"stringData": {"v": "1"}});
-        api.patch(
-            &format!("s{i}"),
-            &Default::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-        .expect("update");
-    }
+    support::update_secrets(&admin, "fan", 100, |_| "1".into()).await;
     eventually(
         "every watch got the update",
         Duration::from_secs(60),
@@ -171,14 +166,7 @@ async fn upstream_watches_share_http2_connections() {
     let admin = cluster.kube_client().await;
     support::create_namespace(&admin, "h2").await;
     const KEYS: usize = 30;
-    for i in 0..KEYS {
-        create::<Secret>(
-            &admin,
-            Some("h2"),
-            json!({"metadata": {"name": format!("s{i}")}, "stringData": {"v": "0"}}),
-        )
-        .await;
-    }
+    create_secrets(&admin, "h2", KEYS).await;
     let baseline = cluster.registered_watchers("Secret").await;
     let added = Arc::new(AtomicUsize::new(0));
     let modified = Arc::new(AtomicUsize::new(0));
@@ -224,17 +212,7 @@ async fn upstream_watches_share_http2_connections() {
         "{tcp} TCP connections from kcache to the API server"
     );
 
-    let api: kube::Api<Secret> = kube::Api::namespaced(admin.clone(), "h2");
-    for i in 0..KEYS {
-        let patch = json!({"stringData": {"v": "1"}});
-        api.patch(
-            &format!("s{i}"),
-            &Default::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-        .expect("update");
-    }
+    support::update_secrets(&admin, "h2", KEYS, |_| "1".into()).await;
     eventually(
         "every watch got the update",
         Duration::from_secs(30),

@@ -45,12 +45,21 @@ fn spawn_watch(
     f: impl FnMut(Value) -> bool + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let resp = http
-            .get(url)
-            .bearer_auth(ADMIN_TOKEN)
-            .send()
-            .await
-            .expect("watch");
+        // 1,200 watches open at once, each at first on its own TLS connection (the pool
+        // has no HTTP/2 connection yet); a replica drops handshakes that outlast actix's
+        // 3 s timeout when the machine is busy. Like client-go, retry a watch that got no
+        // response at all.
+        let mut attempt = 0;
+        let resp = loop {
+            match http.get(&url).bearer_auth(ADMIN_TOKEN).send().await {
+                Ok(resp) => break resp,
+                Err(e) if attempt < 5 && e.status().is_none() => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(200 * attempt)).await;
+                }
+                Err(e) => panic!("watch {url}: {e}"),
+            }
+        };
         assert_eq!(resp.status().as_u16(), 200);
         support::for_each_event(resp, f).await;
     })
@@ -193,17 +202,7 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
     )
     .await;
 
-    for i in 0..100 {
-        let patch = json!({"stringData": {"v": format!("secret-plaintext-{i}-1")}});
-        secrets
-            .patch(
-                &format!("s{i}"),
-                &Default::default(),
-                &kube::api::Patch::Merge(&patch),
-            )
-            .await
-            .expect("update");
-    }
+    support::update_secrets(&admin, "fleet", 100, |i| format!("secret-plaintext-{i}-1")).await;
     eventually(
         "every watch on every replica got the update",
         Duration::from_secs(60),

@@ -34,7 +34,7 @@ impl Lines {
 
     /// Feeds one body frame; complete, non-empty lines (without `\n`) are appended to
     /// `out` in order.
-    pub fn push(&mut self, mut frame: Bytes, out: &mut Vec<Bytes>) -> Result<()> {
+    pub fn push(&mut self, mut frame: Bytes, out: &mut impl Extend<Bytes>) -> Result<()> {
         while let Some(i) = frame.iter().position(|&b| b == b'\n') {
             let head = frame.split_to(i);
             frame.advance(1);
@@ -51,7 +51,7 @@ impl Lines {
                 if line.len() > self.max {
                     return Err(Error::LineTooLong { max: self.max });
                 }
-                out.push(line);
+                out.extend(Some(line));
             }
         }
         if !frame.is_empty() {

@@ -349,6 +349,9 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         } else {
             open_reference(ctx, &p).await
         };
+        if reference.is_some() {
+            s.rec.keep_arrivals();
+        }
         let written = s
             .write(
                 annotate_round_robin(&objects, &watchers, total_writes),

@@ -603,6 +603,27 @@ pub async fn create_namespace(client: &kube::Client, name: &str) {
         .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
 }
 
+/// Merge-patches `stringData.v` of Secrets `s0`..`s{n-1}` in `namespace` to `value(i)`.
+pub async fn update_secrets(
+    client: &kube::Client,
+    namespace: &str,
+    n: usize,
+    value: impl Fn(usize) -> String,
+) {
+    use k8s_openapi::api::core::v1::Secret;
+    let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), namespace);
+    for i in 0..n {
+        let patch = serde_json::json!({"stringData": {"v": value(i)}});
+        api.patch(
+            &format!("s{i}"),
+            &Default::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("update secret {namespace}/s{i}: {e}"));
+    }
+}
+
 /// Reads a watch response, calling `f` with each JSON event line (blank keepalive lines
 /// and anything not JSON are skipped) until the stream ends or `f` returns false (which
 /// drops, so closes, the stream).
