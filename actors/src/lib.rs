@@ -9,7 +9,9 @@
 //!   replicas; [`listener::Listener`] publishes an owned key's events.
 //! - [`upstream_pool`]: lists and watches multiplexed over a few HTTP/2 connections.
 //! - [`watcher::Watcher`]: one downstream watch with the API server's cacheWatcher semantics.
+//!   [`body`] carries its lines to the HTTP response.
 
+pub mod body;
 pub mod cached_object;
 pub mod config;
 pub mod core;

@@ -118,6 +118,16 @@ impl Key {
         }
     }
 
+    /// The field equality every object of this key satisfies, as the upstream selector
+    /// guarantees: a watcher's filter need not test it.
+    pub fn implied_field(&self) -> Option<(&'static str, &str)> {
+        match &self.scope {
+            Scope::Name { name, .. } => Some(("metadata.name", name)),
+            Scope::Node(node) => Some(("spec.nodeName", node)),
+            Scope::Cluster | Scope::Namespace(_) => None,
+        }
+    }
+
     /// Name keys of Secrets and ConfigMaps may stop watching once their object is
     /// immutable, as the kubelet's watch-based manager does.
     pub fn may_hold_immutable(&self) -> bool {

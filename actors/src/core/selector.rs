@@ -704,6 +704,17 @@ impl FieldSelector {
         &self.reqs
     }
 
+    /// The selector without its `field=value` (or `==`) terms: for a watch whose key
+    /// already guarantees that equality (a name key only ever holds that name). A watch
+    /// keeps its filter for its whole life, so the kubelet's ~100 name watches per node
+    /// should not each carry a copy of a term that can never fail.
+    pub fn without_equality(mut self, field: &str, value: &str) -> Self {
+        self.reqs
+            .retain(|r| !(r.op == FieldOp::Eq && r.field == field && r.value == value));
+        self.reqs.shrink_to_fit();
+        self
+    }
+
     /// The value of the first `field=value` (or `==`) requirement on `field`. Any such
     /// value is a sound routing key: the selector is a conjunction, so every object it
     /// selects has that value.
@@ -743,6 +754,35 @@ impl FieldSelector {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn without_equality_drops_only_the_implied_term() {
+        let f = FieldSelector::parse("metadata.name=a,type!=x").unwrap();
+        let rest = f.clone().without_equality("metadata.name", "a");
+        assert_eq!(
+            rest.requirements(),
+            [FieldRequirement {
+                field: "type".into(),
+                op: FieldOp::NotEq,
+                value: "x".into()
+            }]
+        );
+        // Another value of the field is a real condition (here: nothing matches).
+        let contradictory = FieldSelector::parse("metadata.name=a,metadata.name=b").unwrap();
+        let rest = contradictory.without_equality("metadata.name", "a");
+        assert_eq!(rest.equality_value("metadata.name"), Some("b"));
+        let only = FieldSelector::parse("metadata.name=a").unwrap();
+        assert!(only.without_equality("metadata.name", "a").is_empty());
+        // `!=` is never implied.
+        let ne = FieldSelector::parse("metadata.name!=a").unwrap();
+        assert_eq!(
+            ne.without_equality("metadata.name", "a")
+                .requirements()
+                .len(),
+            1
+        );
+    }
+
     use super::*;
     use serde_json::json;
 
