@@ -97,6 +97,11 @@ if [[ -z ${KCACHE_BENCH_NO_PIN:-} ]] && command -v taskset >/dev/null && ((cores
     pinning="kube-apiserver+etcd on core 0, kcache on core 1, generator on core 1 too (2 cores: it shares kcache's core)"
   fi
 fi
+if [[ -n ${KCACHE_BENCH_GEN_CPUS:-} && -n $pinning && ${#pin_kcache[@]} -gt 0 ]]; then
+  # An experiment's override: the generator's cores (e.g. 0, beside the API server).
+  pin_gen=(taskset -c "$KCACHE_BENCH_GEN_CPUS")
+  pinning="kube-apiserver+etcd on core 0, kcache on core 1, generator on core(s) $KCACHE_BENCH_GEN_CPUS (KCACHE_BENCH_GEN_CPUS)"
+fi
 echo "pinned: $pinning"
 
 port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')

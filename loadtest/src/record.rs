@@ -184,6 +184,25 @@ pub fn added_by(measured: &Recorder, reference: &Recorder) -> Vec<f64> {
     out
 }
 
+/// The spread between two reference recorders: for every write that `measured` saw (so
+/// only current writes, not the initial events a late-opened watch starts with), the
+/// first arrival in `other` minus the first arrival in `reference`, sorted.
+pub fn spread(measured: &Recorder, reference: &Recorder, other: &Recorder) -> Vec<f64> {
+    let keys: Vec<String> = lock(&measured.arrivals).keys().cloned().collect();
+    let reference = lock(&reference.arrivals);
+    let other = lock(&other.arrivals);
+    let mut out: Vec<f64> = keys
+        .iter()
+        .filter_map(|k| {
+            let r = reference.get(k)?.iter().min()?;
+            let o = other.get(k)?.iter().min()?;
+            Some(signed_ms(*o, *r))
+        })
+        .collect();
+    out.sort_by(f64::total_cmp);
+    out
+}
+
 fn signed_ms(a: Instant, b: Instant) -> f64 {
     if a >= b {
         (a - b).as_secs_f64() * 1e3
@@ -242,5 +261,29 @@ mod tests {
         );
         assert_eq!(percentile_f64(&d, 0.5), Some(d[0]));
         assert_eq!(percentile_f64(&[], 0.5), None);
+    }
+
+    #[test]
+    fn spread_counts_only_current_writes_first_arrival_each() {
+        let (m, a, b) = (
+            Recorder::new(1),
+            Recorder::reference(),
+            Recorder::reference(),
+        );
+        m.keep_arrivals();
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let (old, cur) = (next_seq_key(), next_seq_key());
+        m.mark_sent(cur.clone(), 0);
+        m.delivered(&cur, at(20));
+        // `old` was written before: a late reference watch's initial event carries it.
+        a.delivered(&old, at(0));
+        b.delivered(&old, at(900));
+        a.delivered(&cur, at(10));
+        b.delivered(&cur, at(14));
+        b.delivered(&cur, at(11));
+        let d = spread(&m, &a, &b);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert!((d[0] - 1.0).abs() < 1e-6, "{d:?}");
     }
 }

@@ -21,7 +21,7 @@ use super::{
 };
 use crate::client::{Api, ConnPool};
 use crate::probe;
-use crate::record::{added_by, percentile_f64, Counters, Recorder};
+use crate::record::{added_by, percentile_f64, spread, Counters, Recorder};
 use crate::watch::{self, Ready, WatchReq};
 
 const NS: &str = "bench-kubelet";
@@ -190,8 +190,15 @@ async fn open_reference(ctx: &Ctx, p: &Params) -> Option<(Arc<Recorder>, Vec<Joi
 }
 
 /// The paired figure: each kcache delivery of a reference object's write minus the
-/// direct watch's arrival of the same write.
-fn paired_section(ctx: &Ctx, measured: &Recorder, reference: &Recorder, watches: usize) -> Value {
+/// direct watch's arrival of the same write; with `second`, also the same between two
+/// direct watches of each reference object (the API server's own spread between watchers).
+fn paired_section(
+    ctx: &Ctx,
+    measured: &Recorder,
+    reference: &Recorder,
+    second: Option<&Recorder>,
+    watches: usize,
+) -> Value {
     let d = added_by(measured, reference);
     let q = |p| percentile_f64(&d, p);
     ctx.progress.log(&format!(
@@ -200,6 +207,24 @@ fn paired_section(ctx: &Ctx, measured: &Recorder, reference: &Recorder, watches:
         q(0.5).unwrap_or(f64::NAN),
         q(0.99).unwrap_or(f64::NAN),
     ));
+    let floor = second.map(|second| {
+        let f = spread(measured, reference, second);
+        let fq = |p| percentile_f64(&f, p);
+        ctx.progress.log(&format!(
+            "kcache: direct vs direct (a second API server watch per reference object, {} samples): p50 {:.2} ms, p99 {:.2} ms",
+            f.len(),
+            fq(0.5).unwrap_or(f64::NAN),
+            fq(0.99).unwrap_or(f64::NAN),
+        ));
+        json!({
+            "method": "the same pairing between two direct API server watches of each reference object: how far apart the API server itself delivers one event to two of its watchers (kcache's upstream watch is one such watcher), the noise floor of the paired figure",
+            "samples": f.len(),
+            "p50_ms": fq(0.5),
+            "p90_ms": fq(0.9),
+            "p99_ms": fq(0.99),
+            "max_ms": f.last(),
+        })
+    });
     json!({
         "paired_added_latency": {
             "method": "for writes to objects that also had a direct API server watch open during the kcache run: each kcache delivery's arrival minus the direct watch's arrival of the same event (same generator, same moment; the API server's own delay cancels out)",
@@ -210,6 +235,7 @@ fn paired_section(ctx: &Ctx, measured: &Recorder, reference: &Recorder, watches:
             "p90_ms": q(0.9),
             "p99_ms": q(0.99),
             "max_ms": d.last(),
+            "direct_vs_direct": floor,
         }
     })
 }
@@ -349,6 +375,13 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         } else {
             open_reference(ctx, &p).await
         };
+        // A second direct watch per reference object: how far apart the API server
+        // delivers one event to two of its own watchers is the method's noise floor
+        // (kcache's upstream watch is just such a watcher).
+        let second = match reference {
+            Some(_) => open_reference(ctx, &p).await,
+            None => None,
+        };
         if reference.is_some() {
             s.rec.keep_arrivals();
         }
@@ -360,11 +393,23 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
             )
             .await;
         s.drain(0, written.expected).await;
+        let second = second.map(|(r, handles)| {
+            for h in handles {
+                h.abort();
+            }
+            r
+        });
         let paired = reference.map(|(r, handles)| {
             for h in handles {
                 h.abort();
             }
-            paired_section(ctx, &s.rec, &r, reference_objects(&p).len())
+            paired_section(
+                ctx,
+                &s.rec,
+                &r,
+                second.as_deref(),
+                reference_objects(&p).len(),
+            )
         });
         let (mut report, sorted) = s.finish(0, &written).await;
         if let Some(extra) = paired {
