@@ -196,7 +196,7 @@ impl Actor for Watcher {
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(self.spec.mailbox.max(1));
         self.registered.increment(1.0);
-        let deadline = Instant::now() + self.spec.timeout;
+        let deadline = deadline_after(self.spec.timeout);
         // The timeout, the keepalives and noticing a client that went away (even on a
         // quiet key) share one stream: one allocation and one timer per watch instead of
         // three, which matters at tens of thousands of idle watches.
@@ -223,6 +223,15 @@ impl Actor for Watcher {
             key: self.spec.key.clone(),
         });
     }
+}
+
+/// Longest timeout a watcher keeps; ten years is "never" for a watch.
+const LONGEST_TIMEOUT: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// `now + timeout`, capped: a client may send any `timeoutSeconds` up to `u64::MAX`, which
+/// `Instant` cannot represent (adding it panics).
+fn deadline_after(timeout: Duration) -> Instant {
+    Instant::now() + timeout.min(LONGEST_TIMEOUT)
 }
 
 /// What wakes an idle watcher.
@@ -429,5 +438,19 @@ impl Handler<Close> for Watcher {
         }
         self.closing = true;
         ctx.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_client_timeout_gives_a_deadline() {
+        let now = Instant::now();
+        let far = deadline_after(Duration::from_secs(u64::MAX));
+        assert!(far >= now + LONGEST_TIMEOUT);
+        let near = deadline_after(Duration::from_secs(5));
+        assert!(near >= now + Duration::from_secs(5) && near < far);
     }
 }

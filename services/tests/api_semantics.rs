@@ -137,6 +137,31 @@ async fn bad_input_gets_status_codes_and_kcache_keeps_serving() {
         .await
         .expect("request");
     assert_eq!(resp.status().as_u16(), 406);
+    // The largest timeoutSeconds a client can send is a watch like any other (a deadline
+    // computed naively from it would overflow `Instant` inside the watcher).
+    let resp = support::insecure_http()
+        .get(format!(
+            "{}/api/v1/namespaces?watch=1&resourceVersion=0&timeoutSeconds={}",
+            k.url,
+            u64::MAX
+        ))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("watch");
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut first = None;
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        support::for_each_event(resp, |ev| {
+            first = Some(ev);
+            false
+        }),
+    )
+    .await
+    .expect("a watch with timeoutSeconds=u64::MAX delivers its initial events");
+    let first = first.expect("an event");
+    assert_eq!(first["type"], "ADDED", "{first}");
     let (code, _) = http.get("/livez", None).await;
     assert_eq!(code, 200);
     let (code, body) = http
