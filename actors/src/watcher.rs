@@ -453,4 +453,38 @@ mod tests {
         let near = deadline_after(Duration::from_secs(5));
         assert!(near >= now + Duration::from_secs(5) && near < far);
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn keepalives_every_period_then_the_timeout_then_nothing() {
+        use futures::StreamExt;
+        let (tx, _body) = body::channel(4);
+        let every = Duration::from_secs(10);
+        let ticks: Vec<Tick> = ticks(tx.closed(), deadline_after(Duration::from_secs(35)), every)
+            .collect()
+            .await;
+        let (last, keepalives) = ticks.split_last().expect("ticks");
+        assert_eq!(*last, Tick::Timeout, "{ticks:?}");
+        // The first keepalive comes at a random phase within the first period.
+        assert!((3..=4).contains(&keepalives.len()), "{ticks:?}");
+        assert!(
+            keepalives.iter().all(|t| *t == Tick::Keepalive),
+            "{ticks:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_body_ends_the_ticks_at_once() {
+        use futures::StreamExt;
+        let (tx, body) = body::channel(4);
+        let mut ticks = Box::pin(ticks(
+            tx.closed(),
+            deadline_after(Duration::from_secs(3600)),
+            Duration::ZERO,
+        ));
+        drop(body);
+        let started = tokio::time::Instant::now();
+        assert_eq!(ticks.next().await, Some(Tick::Gone));
+        assert_eq!(ticks.next().await, None);
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
 }
