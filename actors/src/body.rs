@@ -6,10 +6,12 @@
 //! cache-padded heads (about 1.5 KB per channel); this one is an `Arc` and a `VecDeque`
 //! that only holds what is queued, giving a burst's capacity back once it drains.
 //!
-//! There is one sender (the watcher) and one receiver (the body). The sender never waits:
-//! a full queue means the client stopped reading, and the watcher closes it (the API
-//! server's cacheWatcher does the same). [`Closed`] lets the watcher notice a client that
-//! went away even when it has nothing to write.
+//! There is one sender (the watcher) and one receiver (the body). For live events the
+//! sender never waits: a full queue means the client stopped reading, and the watcher
+//! closes it (the API server's cacheWatcher does the same). Initial events and replays are
+//! written at the client's pace instead: the watcher writes while [`Sender::room`] allows
+//! and awaits [`Sender::writable`] in between. [`Closed`] lets the watcher notice a client
+//! that went away even when it has nothing to write.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -40,6 +42,8 @@ struct State {
     reader: Option<Waker>,
     /// Someone waiting for the body to go away.
     closed_waiter: Option<Waker>,
+    /// The sender, waiting for room.
+    writer: Option<Waker>,
     sender_gone: bool,
     body_gone: bool,
 }
@@ -61,6 +65,7 @@ pub fn channel(capacity: usize) -> (Sender, Body) {
         capacity: capacity.max(1),
         reader: None,
         closed_waiter: None,
+        writer: None,
         sender_gone: false,
         body_gone: false,
     })));
@@ -92,6 +97,39 @@ impl Sender {
     /// Resolves when the body is dropped (the client went away or the response ended).
     pub fn closed(&self) -> Closed {
         Closed(self.0.clone())
+    }
+
+    /// Lines that can be queued now without [`Error::Full`] (0 once the body is gone).
+    pub fn room(&self) -> usize {
+        let st = self.0.lock();
+        if st.body_gone {
+            return 0;
+        }
+        st.capacity.saturating_sub(st.queue.len())
+    }
+
+    /// Resolves once a line can be queued, or the body is gone (then `try_send` says
+    /// `Closed`).
+    pub fn writable(&self) -> Writable {
+        Writable(self.0.clone())
+    }
+}
+
+/// See [`Sender::writable`].
+pub struct Writable(Arc<Shared>);
+
+impl Future for Writable {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut st = self.0.lock();
+        if st.body_gone || st.queue.len() < st.capacity {
+            return Poll::Ready(());
+        }
+        if !st.writer.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            st.writer = Some(cx.waker().clone());
+        }
+        Poll::Pending
     }
 }
 
@@ -141,6 +179,11 @@ impl Stream for Body {
             if st.queue.is_empty() && st.queue.capacity() > IDLE_SLOTS {
                 st.queue.shrink_to(IDLE_SLOTS);
             }
+            let writer = st.writer.take();
+            drop(st);
+            if let Some(w) = writer {
+                w.wake();
+            }
             return Poll::Ready(Some(Ok(line)));
         }
         if st.sender_gone {
@@ -160,8 +203,9 @@ impl Drop for Body {
         // Lines nobody will read: free them now, not when the watcher stops.
         st.queue = VecDeque::new();
         let waiter = st.closed_waiter.take();
+        let writer = st.writer.take();
         drop(st);
-        if let Some(w) = waiter {
+        for w in [waiter, writer].into_iter().flatten() {
             w.wake();
         }
     }
@@ -265,6 +309,34 @@ mod tests {
         let mut cx = Context::from_waker(&waker);
         while let Poll::Ready(Some(_)) = Pin::new(&mut body).poll_next(&mut cx) {}
         assert!(body.0.lock().queue.capacity() <= IDLE_SLOTS);
+    }
+
+    #[test]
+    fn a_writer_waiting_for_room_is_woken_by_a_read_and_by_the_end() {
+        let (tx, mut body) = channel(2);
+        tx.try_send(Bytes::from_static(b"1")).unwrap();
+        assert_eq!(tx.room(), 1);
+        tx.try_send(Bytes::from_static(b"2")).unwrap();
+        assert_eq!(tx.room(), 0);
+        let (count, waker) = counting_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut writable = tx.writable();
+        assert!(Pin::new(&mut writable).poll(&mut cx).is_pending());
+        let mut rcx = Context::from_waker(futures::task::noop_waker_ref());
+        assert!(matches!(
+            Pin::new(&mut body).poll_next(&mut rcx),
+            Poll::Ready(Some(Ok(_)))
+        ));
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert!(Pin::new(&mut writable).poll(&mut cx).is_ready());
+        assert_eq!(tx.room(), 1);
+        tx.try_send(Bytes::from_static(b"3")).unwrap();
+        let mut writable = tx.writable();
+        assert!(Pin::new(&mut writable).poll(&mut cx).is_pending());
+        drop(body);
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+        assert!(Pin::new(&mut writable).poll(&mut cx).is_ready());
+        assert_eq!(tx.room(), 0);
     }
 
     #[test]

@@ -110,6 +110,19 @@ pub struct Subscribe {
     pub deadline: Option<Instant>,
 }
 
+/// A watcher wrote its initial events or replay, up to the key's sequence number
+/// `after_seq`, and has `room` lines free in its client's buffer: the key answers with the
+/// events since (`watcher::Replay`), live once they fit, or `watcher::Expired`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Ready {
+    pub id: u64,
+    pub after_seq: u64,
+    /// The watcher's RV, for the 410's message.
+    pub rv: u64,
+    pub room: usize,
+}
+
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Unsubscribe {
@@ -130,6 +143,9 @@ struct WatcherEntry {
     addr: Addr<Watcher>,
     allow_bookmarks: bool,
     deadline_ms: Option<u64>,
+    /// Gets events and bookmarks: its initial events or replay are written (see
+    /// `watcher`'s backlog). Until then it is only closed with the key.
+    live: bool,
 }
 
 enum Waiter {
@@ -160,6 +176,14 @@ pub struct CachedObject {
     bookmarks: BookmarkTimer<u64>,
     pending: Vec<Pending>,
     probe_in_flight: bool,
+    /// When the last probe was asked for: probes are client-triggered upstream lists, so
+    /// at most one per `probe_interval`.
+    last_probe: Option<Instant>,
+    /// Watches from an RV older than this young key's window, waiting for a list at that
+    /// RV to show whether the window may start there (`backfill`).
+    backfill: Vec<(Subscribe, Instant)>,
+    /// The RV of the `SourceCmd::ListAt` in flight.
+    backfill_at: Option<u64>,
     epoch: Instant,
     labels: [(&'static str, String); 2],
     /// Set while this replica owns the key in the fleet: every event goes out through it.
@@ -195,6 +219,9 @@ impl CachedObject {
             bookmarks: BookmarkTimer::default(),
             pending: Vec::new(),
             probe_in_flight: false,
+            last_probe: None,
+            backfill: Vec::new(),
+            backfill_at: None,
             epoch: Instant::now(),
             labels,
             listener: None,
@@ -235,11 +262,13 @@ impl CachedObject {
         } else if rv >= self.progress {
             let changes = relist::diff(&self.store, items, rv);
             if !changes.is_empty() {
-                // The key missed events: the window cannot replay the span the relist
-                // skipped, so cut it; watchers that resume inside the span get 410.
+                // The key missed events. Their net effect enters the window as events at
+                // the objects' own RVs (deletions at the list's), as DeltaFIFO's Replace
+                // does: the window keeps its history, so watchers resuming from before the
+                // gap get the changes instead of a 410 — a client's read of a newer RV
+                // (a probe) must not be able to cut every other watcher's window.
                 tracing::info!(key = %self.key, rv, changes = changes.len(), "relist found changes; emitting synthetic events");
                 metrics::counter!(m::RELIST_EVENTS, &self.labels).increment(changes.len() as u64);
-                self.window.reset(rv);
                 for c in changes {
                     match c.kind {
                         EventType::Deleted => {
@@ -251,6 +280,7 @@ impl CachedObject {
                     }
                     self.seq += 1;
                     let ev = Arc::new(StoreEvent::new(self.seq, c.rv, c.kind, c.object, c.prev));
+                    self.window.push(ev.clone());
                     self.dispatch(&ev);
                 }
             }
@@ -300,7 +330,7 @@ impl CachedObject {
     /// whose mailbox is full is closed rather than allowed to slow the key down.
     fn dispatch(&mut self, ev: &Arc<StoreEvent>) {
         let mut slow = Vec::new();
-        for (id, w) in &self.watchers {
+        for (id, w) in self.watchers.iter().filter(|(_, w)| w.live) {
             match w.addr.try_send(watcher::Dispatch(ev.clone())) {
                 Ok(()) => {}
                 Err(SendError::Full(_)) => slow.push(*id),
@@ -393,13 +423,83 @@ impl CachedObject {
     /// Ask the source to establish progress with a consistent list: a 1.20 upstream sends
     /// bookmarks only shortly before a watch's timeout, so a quiet key's progress lags.
     fn probe(&mut self) {
-        if self.probe_in_flight {
+        let now = Instant::now();
+        let recent = self
+            .last_probe
+            .is_some_and(|t| now.duration_since(t) < self.cfg.probe_interval());
+        if self.probe_in_flight || recent {
             return;
         }
         if let Some(src) = &self.source {
             if src.commands.try_send(SourceCmd::Probe).is_ok() {
                 self.probe_in_flight = true;
+                self.last_probe = Some(now);
+                metrics::counter!(m::PROBES, &self.labels).increment(1);
             }
+        }
+    }
+
+    /// A watch from `sub.plan.from_rv`, older than the window of a key that is merely
+    /// young (its first list came after the client's own list, e.g. a client-go
+    /// list-then-watch while others write): ask the source for the key's state at that RV;
+    /// if nothing changed since, the window is extended back and the watch starts
+    /// normally (`on_listed_at`), else it gets its 410. One list in flight per key.
+    fn backfill(&mut self, sub: Subscribe) {
+        let deadline = Instant::now() + self.cfg.block_timeout();
+        let rv = sub.plan.from_rv;
+        self.backfill.push((sub, deadline));
+        if self.backfill_at.is_some() {
+            return;
+        }
+        let sent = self
+            .source
+            .as_ref()
+            .is_some_and(|src| src.commands.try_send(SourceCmd::ListAt { rv }).is_ok());
+        if sent {
+            self.backfill_at = Some(rv);
+        } else {
+            self.end_backfill(None);
+        }
+    }
+
+    /// The source's list at `rv` (`None`: it could not).
+    fn on_listed_at(&mut self, rv: u64, items: Option<Vec<Value>>) {
+        if self.backfill_at != Some(rv) {
+            return;
+        }
+        self.backfill_at = None;
+        let extended = match items {
+            Some(items)
+                if self.window.complete_since_list()
+                    && relist::unchanged_since(&self.store, self.window.events(), &items) =>
+            {
+                self.window.extend_back(rv);
+                true
+            }
+            _ => false,
+        };
+        let outcome = if extended { "extended" } else { "changed" };
+        metrics::counter!(m::WINDOW_BACKFILLS, "group" => self.labels[0].1.clone(), "resource" => self.labels[1].1.clone(), "outcome" => outcome).increment(1);
+        tracing::debug!(key = %self.key, rv, extended, "young key's window backfill");
+        self.end_backfill(Some(rv));
+    }
+
+    /// Starts (or expires) the waiting watches after a backfill at `rv`; a watch from an
+    /// older RV than that, which arrived meanwhile, gets its own round.
+    fn end_backfill(&mut self, rv: Option<u64>) {
+        let waiting = std::mem::take(&mut self.backfill);
+        for (sub, _) in waiting {
+            let again = rv.is_some_and(|rv| sub.plan.from_rv < rv);
+            self.activate_with(sub, again);
+        }
+    }
+
+    /// Watches whose backfill did not answer in time (a mirror cannot list) get their 410.
+    fn expire_backfills(&mut self) {
+        let now = Instant::now();
+        if self.backfill.iter().any(|(_, deadline)| now >= *deadline) {
+            self.backfill_at = None;
+            self.end_backfill(None);
         }
     }
 
@@ -429,6 +529,10 @@ impl CachedObject {
     }
 
     fn activate(&mut self, sub: Subscribe) {
+        self.activate_with(sub, true);
+    }
+
+    fn activate_with(&mut self, sub: Subscribe, may_backfill: bool) {
         let start = if sub.plan.initial_events {
             watcher::Start {
                 initial: self.store.snapshot(),
@@ -448,6 +552,12 @@ impl CachedObject {
                     floor: sub.plan.from_rv,
                     start_seq: self.seq,
                 },
+                Err(window::Error::Expired { .. })
+                    if may_backfill && requested_backfillable(&self.window, sub.plan.from_rv) =>
+                {
+                    self.backfill(sub);
+                    return;
+                }
                 Err(window::Error::Expired { requested, oldest }) => {
                     metrics::counter!(m::EXPIRED_WATCHES, &self.labels).increment(1);
                     sub.addr.do_send(watcher::Expired { requested, oldest });
@@ -455,29 +565,65 @@ impl CachedObject {
                 }
             }
         };
-        // The Start message is a one-off control message; later events are try_send'ed.
+        // The Start message is a one-off control message; later events are try_send'ed,
+        // once the watcher has written it and is live (`Ready`).
         sub.addr.do_send(start);
         let now = self.now_ms();
         let deadline_ms = sub
             .deadline
             .map(|d| now + d.saturating_duration_since(Instant::now()).as_millis() as u64);
-        if sub.allow_bookmarks {
-            let freq = self.cfg.bookmark_frequency().as_millis() as u64;
-            if let Some(due) = next_bookmark_time(now, deadline_ms, freq) {
-                self.bookmarks.schedule(sub.id, due);
-            }
-        }
         self.watchers.insert(
             sub.id,
             WatcherEntry {
                 addr: sub.addr,
                 allow_bookmarks: sub.allow_bookmarks,
                 deadline_ms,
+                live: false,
             },
         );
         self.status
             .watchers
             .store(self.watchers.len(), Ordering::Relaxed);
+    }
+
+    /// Continues a watcher that wrote its backlog up to `after_seq`: the events since,
+    /// from the window; live (events and bookmarks from now on) once they fit in its
+    /// buffer with a line to spare, else another round. A window that lost some of them
+    /// ends the watch with a 410, as a watch from an RV the window no longer holds.
+    fn continue_watcher(&mut self, msg: Ready) {
+        let now = self.now_ms();
+        let freq = self.cfg.bookmark_frequency().as_millis() as u64;
+        let Some(w) = self.watchers.get_mut(&msg.id) else {
+            return;
+        };
+        let Some(events) = self.window.since_seq(msg.after_seq, self.seq) else {
+            metrics::counter!(m::EXPIRED_WATCHES, &self.labels).increment(1);
+            let oldest = self.window.oldest_replayable();
+            if let Some(w) = self.watchers.remove(&msg.id) {
+                w.addr.do_send(watcher::Expired {
+                    requested: msg.rv,
+                    oldest,
+                });
+            }
+            self.status
+                .watchers
+                .store(self.watchers.len(), Ordering::Relaxed);
+            return;
+        };
+        let live = events.is_empty() || events.len() < msg.room;
+        w.addr.do_send(watcher::Replay {
+            events,
+            upto_seq: self.seq,
+            live,
+        });
+        if live {
+            w.live = true;
+            if w.allow_bookmarks {
+                if let Some(due) = next_bookmark_time(now, w.deadline_ms, freq) {
+                    self.bookmarks.schedule(msg.id, due);
+                }
+            }
+        }
     }
 
     /// One timer per key: bookmarks to due watchers, then expired waits.
@@ -498,6 +644,7 @@ impl CachedObject {
         }
         self.heartbeat(now);
         self.serve_pending();
+        self.expire_backfills();
     }
 
     fn on_role(&mut self, role: Role) {
@@ -518,6 +665,12 @@ impl CachedObject {
     }
 }
 
+/// A watch from `rv` may wait for a backfill: the window is complete since its list (so
+/// its state there can be recovered) and `rv` is a real RV below it.
+fn requested_backfillable(window: &Window, rv: u64) -> bool {
+    rv > 0 && rv < window.list_rv() && window.complete_since_list()
+}
+
 impl Actor for CachedObject {
     type Context = Context<Self>;
 
@@ -536,6 +689,13 @@ impl Actor for CachedObject {
         for (_, w) in self.watchers.drain() {
             w.addr.do_send(watcher::Close {
                 reason: watcher::CloseReason::KeyStopped,
+            });
+        }
+        for (sub, _) in self.backfill.drain(..) {
+            sub.addr.do_send(watcher::Failed {
+                error: Error::Stopping {
+                    key: self.key.to_string(),
+                },
             });
         }
         for p in self.pending.drain(..) {
@@ -568,6 +728,7 @@ impl StreamHandler<SourceMsg> for CachedObject {
                 self.set_progress(rv);
                 self.serve_pending();
             }
+            SourceMsg::ListedAt { rv, items } => self.on_listed_at(rv, items),
             SourceMsg::Role(role) => self.on_role(role),
             SourceMsg::Snapshot { since, reply } => {
                 let snap = self
@@ -633,6 +794,14 @@ impl Handler<Subscribe> for CachedObject {
         } else {
             self.wait(min_rv, Waiter::Watch(sub));
         }
+    }
+}
+
+impl Handler<Ready> for CachedObject {
+    type Result = ();
+
+    fn handle(&mut self, msg: Ready, _ctx: &mut Self::Context) {
+        self.continue_watcher(msg);
     }
 }
 

@@ -43,6 +43,14 @@ pub struct CacheConfig {
     /// Streams kcache puts on one upstream HTTP/2 connection before opening another;
     /// below the server's SETTINGS_MAX_CONCURRENT_STREAMS (Go's default: 250).
     pub upstream_streams_per_connection: usize,
+    /// At most one probe (a consistent upstream list a read of a newer RV asks for) per
+    /// key this often: reads are client-driven, upstream lists are not free.
+    pub probe_interval_ms: u64,
+    /// Most keys cached at once (0: no cap). A request that would start another gets the
+    /// API server's answer instead: reads are proxied, watches get 429 with Retry-After.
+    pub max_keys: usize,
+    /// Most keys one user's requests may have started and still hold (0: no cap).
+    pub max_keys_per_user: usize,
 }
 
 impl Default for CacheConfig {
@@ -62,6 +70,9 @@ impl Default for CacheConfig {
             upstream_qps: 200,
             upstream_http2: true,
             upstream_streams_per_connection: 100,
+            probe_interval_ms: 1_000,
+            max_keys: 100_000,
+            max_keys_per_user: 10_000,
         }
     }
 }
@@ -78,6 +89,9 @@ impl CacheConfig {
     }
     pub fn sync_timeout(&self) -> Duration {
         Duration::from_secs(self.sync_timeout_secs)
+    }
+    pub fn probe_interval(&self) -> Duration {
+        Duration::from_millis(self.probe_interval_ms)
     }
 }
 
@@ -128,6 +142,13 @@ pub struct NatsConfig {
     /// Largest message body sent; larger bodies are chunked. 0 = the server's
     /// `max_payload` minus room for headers.
     pub max_chunk_bytes: usize,
+    /// Largest snapshot or replay a mirror reassembles from chunks; events are capped
+    /// lower, at the smaller of this and `wire::MAX_EVENT_BYTES` (one object each). A
+    /// snapshot is a whole key, so the default is sized from the largest key rather than
+    /// the largest object (`wire::DEFAULT_MAX_MESSAGE_BYTES` says why 2 GiB). A larger
+    /// message is refused, counted (`kcache_fleet_oversized_messages_total`), and the
+    /// mirror treats it as a gap.
+    pub max_message_bytes: usize,
     /// Resources whose objects are sealed (AEAD) on NATS.
     pub encrypt_resources: Vec<String>,
     /// Encryption keys: `id` and a file with 32 random bytes, base64-encoded.
@@ -166,6 +187,7 @@ impl Default for NatsConfig {
             listener_buffer: 1_024,
             mirror_buffer: 10_000,
             max_chunk_bytes: 0,
+            max_message_bytes: crate::core::wire::DEFAULT_MAX_MESSAGE_BYTES,
             encrypt_resources: vec!["secrets".into()],
             encryption_keys: Vec::new(),
             encryption_active_key: None,

@@ -40,7 +40,7 @@ use crate::core::lease;
 use crate::core::mirror::{Input, Mirror, Output, Resync, Stamp};
 use crate::core::seal::{self, Keyring};
 use crate::core::subject::{key_token, Subjects};
-use crate::core::wire::{Frame, Kind, Reassembler};
+use crate::core::wire::{self, Frame, Kind, Reassembler};
 use crate::listener::{Listener, Outlet};
 use crate::metrics as m;
 use crate::source::{
@@ -746,8 +746,8 @@ impl KeyTask {
             }
         };
         self.mirror.restart();
-        let mut ev_parts = Reassembler::default();
-        let mut snap_parts = Reassembler::default();
+        let mut ev_parts = Reassembler::new(fleet.cfg.max_message_bytes);
+        let mut snap_parts = Reassembler::new(fleet.cfg.max_message_bytes);
         let mut request = 0u64;
         let mut wanted = String::new();
         let mut snapshot_due = Instant::now();
@@ -764,6 +764,9 @@ impl KeyTask {
                     Some(SourceCmd::Probe) => {
                         let _ = fleet.client.publish(fleet.subjects.control(&self.token), Bytes::new()).await;
                     }
+                    // A mirror does not list upstream: the watch that wanted an older
+                    // window gets its 410 when its wait runs out.
+                    Some(SourceCmd::ListAt { .. }) => {}
                 },
                 msg = events.next() => {
                     let Some(msg) = msg else { return Next::Contend };
@@ -899,10 +902,11 @@ impl KeyTask {
         msg: &Message,
         parts: &mut Reassembler,
     ) -> Result<Option<Bytes>, String> {
-        let Some(body) = parts
-            .feed(frame, msg.payload.clone())
-            .map_err(|e| e.to_string())?
-        else {
+        let fed = parts.feed(frame, msg.payload.clone());
+        if let Err(wire::Error::TooLarge { .. }) = &fed {
+            metrics::counter!(m::FLEET_OVERSIZED).increment(1);
+        }
+        let Some(body) = fed.map_err(|e| e.to_string())? else {
             return Ok(None);
         };
         match (&frame.key_id, &self.keyring) {

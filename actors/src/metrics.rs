@@ -15,6 +15,9 @@ pub const UPSTREAM_ERRORS: &str = "kcache_upstream_errors_total";
 pub const RELIST_EVENTS: &str = "kcache_relist_synthetic_events_total";
 pub const READ_WAIT: &str = "kcache_watch_cache_read_wait_seconds";
 pub const EXPIRED_WATCHES: &str = "kcache_watch_expired_total";
+pub const PROBES: &str = "kcache_upstream_probes_total";
+pub const WINDOW_BACKFILLS: &str = "kcache_window_backfills_total";
+pub const KEYS_REFUSED: &str = "kcache_keys_refused_total";
 
 /// Describes every metric once, so `/metrics` carries HELP lines.
 pub fn describe() {
@@ -55,6 +58,18 @@ pub fn describe() {
         EXPIRED_WATCHES,
         "Watches answered with 410 Expired because their RV was too old."
     );
+    describe_counter!(
+        PROBES,
+        "Consistent upstream lists asked for by reads of an RV newer than the key's (at most one per key per cache.probe_interval_ms)."
+    );
+    describe_counter!(
+        WINDOW_BACKFILLS,
+        "Watches from before a young key's window: outcome=extended (nothing changed since, served) or changed (410)."
+    );
+    describe_counter!(
+        KEYS_REFUSED,
+        "Requests that would have created a key past cache.max_keys or cache.max_keys_per_user (reads proxied, watches 429)."
+    );
 }
 
 pub const FLEET_OWNED_KEYS: &str = "kcache_fleet_owned_keys";
@@ -70,6 +85,7 @@ pub const FLEET_STALE: &str = "kcache_fleet_stale_epoch_rejected_total";
 pub const FLEET_OWNERSHIP_CHANGES: &str = "kcache_fleet_ownership_changes_total";
 pub const FLEET_LISTENER_DROPS: &str = "kcache_fleet_listener_dropped_events_total";
 pub const FLEET_BAD_MESSAGES: &str = "kcache_fleet_bad_messages_total";
+pub const FLEET_OVERSIZED: &str = "kcache_fleet_oversized_messages_total";
 
 /// Describes the fan-out metrics (only registered when kcache runs with `--nats`).
 pub fn describe_fleet() {
@@ -116,5 +132,9 @@ pub fn describe_fleet() {
     describe_counter!(
         FLEET_BAD_MESSAGES,
         "NATS messages that could not be decoded or opened."
+    );
+    describe_counter!(
+        FLEET_OVERSIZED,
+        "Chunked NATS messages a mirror refused as over [nats] max_message_bytes (also bad messages)."
     );
 }

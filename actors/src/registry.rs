@@ -22,6 +22,9 @@ use crate::source::SourceFactory;
 
 struct Entry {
     addr: Addr<CachedObject>,
+    /// The user whose request started the key; it counts against their budget until the
+    /// key stops.
+    creator: Option<String>,
     /// The key's NATS token (fleet interest and ownership).
     token: String,
     refs: usize,
@@ -36,6 +39,17 @@ pub struct Registry {
     entries: HashMap<Key, Entry>,
     replica: String,
     fleet: Option<Arc<Fleet>>,
+    /// Keys started and held per user (`cache.max_keys_per_user`).
+    keys_by_user: HashMap<String, usize>,
+}
+
+/// A request would start a key past `cache.max_keys` or `cache.max_keys_per_user`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("too many cached keys on this replica (limit {limit})")]
+    TooManyKeys { limit: usize },
+    #[error("too many cached keys started by user {user:?} (limit {limit})")]
+    TooManyKeysForUser { user: String, limit: usize },
 }
 
 impl Registry {
@@ -46,6 +60,7 @@ impl Registry {
             entries: HashMap::new(),
             replica,
             fleet: None,
+            keys_by_user: HashMap::new(),
         }
     }
 
@@ -88,9 +103,62 @@ impl Registry {
             }
             if let Some(e) = act.entries.remove(&key) {
                 tracing::info!(key = %key, "no references left after the grace period; stopping key");
+                act.forget_creator(e.creator.as_deref());
                 e.addr.do_send(Stop);
             }
         });
+    }
+
+    fn forget_creator(&mut self, creator: Option<&str>) {
+        if let Some(user) = creator {
+            if let Some(n) = self.keys_by_user.get_mut(user) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.keys_by_user.remove(user);
+                }
+            }
+        }
+    }
+
+    /// Whether `user` may start one more key.
+    fn admit(&self, user: Option<&str>) -> Result<(), Error> {
+        let cfg = &self.cfg;
+        if cfg.max_keys > 0 && self.entries.len() >= cfg.max_keys {
+            return Err(Error::TooManyKeys {
+                limit: cfg.max_keys,
+            });
+        }
+        if let Some(user) = user {
+            let held = self.keys_by_user.get(user).copied().unwrap_or(0);
+            if cfg.max_keys_per_user > 0 && held >= cfg.max_keys_per_user {
+                return Err(Error::TooManyKeysForUser {
+                    user: user.to_string(),
+                    limit: cfg.max_keys_per_user,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A reference on `key`, starting it for `user` if needed and their budget allows.
+    fn acquire_for(&mut self, key: Key, user: Option<&str>) -> Result<Addr<CachedObject>, Error> {
+        let new = !self.entries.contains_key(&key);
+        if new {
+            if let Err(e) = self.admit(user) {
+                let r = &key.resource;
+                metrics::counter!(crate::metrics::KEYS_REFUSED, "group" => r.group.clone(), "resource" => r.resource.clone())
+                    .increment(1);
+                return Err(e);
+            }
+            if let Some(user) = user {
+                *self.keys_by_user.entry(user.to_string()).or_default() += 1;
+            }
+        }
+        let addr = self.acquire(key.clone());
+        if let (true, Some(e)) = (new, self.entries.get_mut(&key)) {
+            e.creator = user.map(str::to_string);
+        }
+        Ok(addr)
     }
 
     fn acquire(&mut self, key: Key) -> Addr<CachedObject> {
@@ -104,6 +172,7 @@ impl Registry {
             Entry {
                 token: key_token(&key),
                 addr,
+                creator: None,
                 refs: 0,
                 generation: 0,
                 status,
@@ -139,11 +208,14 @@ impl Actor for Registry {
     }
 }
 
-/// Take a reference on a key; the answer is its CachedObject.
+/// Take a reference on a key; the answer is its CachedObject, or why the key may not be
+/// started for `user` (see `cache.max_keys`).
 #[derive(Message)]
-#[rtype(result = "Addr<CachedObject>")]
+#[rtype(result = "Result<Addr<CachedObject>, Error>")]
 pub struct Acquire {
     pub key: Key,
+    /// Who asked: a key they start counts against their budget. `None`: no budget.
+    pub user: Option<String>,
 }
 
 /// Drop a reference taken with [`Acquire`].
@@ -156,10 +228,11 @@ pub struct Release {
 /// Take a reference held for `duration`: gets and lists keep their key cached for the
 /// grace period so repeated reads hit the cache.
 #[derive(Message)]
-#[rtype(result = "Addr<CachedObject>")]
+#[rtype(result = "Result<Addr<CachedObject>, Error>")]
 pub struct Hold {
     pub key: Key,
     pub duration: Duration,
+    pub user: Option<String>,
 }
 
 /// Close all watchers gracefully (shutdown).
@@ -181,6 +254,7 @@ impl Handler<StopAll> for Registry {
         for (_, e) in self.entries.drain() {
             e.addr.do_send(Stop);
         }
+        self.keys_by_user.clear();
         n
     }
 }
@@ -225,7 +299,7 @@ impl Handler<Acquire> for Registry {
     type Result = MessageResult<Acquire>;
 
     fn handle(&mut self, msg: Acquire, _ctx: &mut Self::Context) -> Self::Result {
-        MessageResult(self.acquire(msg.key))
+        MessageResult(self.acquire_for(msg.key, msg.user.as_deref()))
     }
 }
 
@@ -241,9 +315,11 @@ impl Handler<Hold> for Registry {
     type Result = MessageResult<Hold>;
 
     fn handle(&mut self, msg: Hold, ctx: &mut Self::Context) -> Self::Result {
-        let addr = self.acquire(msg.key.clone());
-        let key = msg.key;
-        ctx.run_later(msg.duration, move |act, ctx| act.release(&key, ctx));
+        let addr = self.acquire_for(msg.key.clone(), msg.user.as_deref());
+        if addr.is_ok() {
+            let key = msg.key;
+            ctx.run_later(msg.duration, move |act, ctx| act.release(&key, ctx));
+        }
         MessageResult(addr)
     }
 }

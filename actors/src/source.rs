@@ -68,6 +68,9 @@ pub enum SourceMsg {
     },
     /// The key is known complete up to `rv` (an upstream bookmark).
     Progress { rv: u64 },
+    /// The answer to `SourceCmd::ListAt`: the key's objects at exactly `rv`, or `None`
+    /// when the upstream could not list it there (compacted, or a failure).
+    ListedAt { rv: u64, items: Option<Vec<Value>> },
     /// The source failed and is backing off; reads keep being served from what is cached.
     Unhealthy { error: String },
     /// The key's role in the fleet changed (only with `--nats`).
@@ -108,10 +111,14 @@ pub struct OwnerSnapshot {
 }
 
 /// What a CachedObject may ask of its source.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SourceCmd {
     /// Establish progress now with a consistent list (a read is waiting for a newer RV).
     Probe,
+    /// List the key exactly at `rv` (`resourceVersionMatch=Exact`), answered with
+    /// `SourceMsg::ListedAt`: a watch from an RV older than a young key's list may still be
+    /// served if nothing changed since (`relist::unchanged_since`).
+    ListAt { rv: u64 },
 }
 
 /// A running source's control side; dropping it stops the task. Its events arrive on the
@@ -416,7 +423,17 @@ impl Run {
                     let verify = Duration::from_secs(self.cfg.immutable_verify_secs.max(1));
                     tokio::select! {
                         _ = tokio::time::sleep(verify) => {}
-                        cmd = self.cmds.recv() => if cmd.is_none() { return },
+                        cmd = self.cmds.recv() => match cmd {
+                            None => return,
+                            Some(SourceCmd::ListAt { rv }) => {
+                                if !self.list_at(rv).await {
+                                    return;
+                                }
+                                action = Action::Park;
+                                continue;
+                            }
+                            Some(SourceCmd::Probe) => {}
+                        },
                     }
                     Input::Verify
                 }
@@ -468,19 +485,42 @@ impl Run {
     }
 
     async fn list(&mut self, rv: Option<u64>) -> Result<(Vec<Value>, u64)> {
+        match rv {
+            // NotOlderThan the last RV: a relist must never go back in time, which `0` could.
+            Some(rv) => self.list_with(rv, "NotOlderThan").await,
+            None => self.list_params(&[]).await,
+        }
+    }
+
+    async fn list_with(&mut self, rv: u64, matching: &str) -> Result<(Vec<Value>, u64)> {
+        self.list_params(&[
+            ("resourceVersion", rv.to_string()),
+            ("resourceVersionMatch", matching.to_string()),
+        ])
+        .await
+    }
+
+    /// Answers `SourceCmd::ListAt`; false when the CachedObject is gone.
+    async fn list_at(&mut self, rv: u64) -> bool {
+        let items = match self.list_with(rv, "Exact").await {
+            Ok((items, _)) => Some(items),
+            Err(e) => {
+                tracing::info!(key = %self.key, rv, error = %e, "cannot list the key at an older resourceVersion");
+                None
+            }
+        };
+        self.tx
+            .send(SourceMsg::ListedAt { rv, items })
+            .await
+            .is_ok()
+    }
+
+    async fn list_params(&mut self, params: &[(&str, String)]) -> Result<(Vec<Value>, u64)> {
         self.limits.pace().await;
         // A closed semaphore cannot happen (never closed); treat it as no limit.
         let _permit = self.limits.lists.acquire().await.ok();
         metrics::counter!(m::UPSTREAM_LISTS, "group" => self.key.resource.group.clone(), "resource" => self.key.resource.resource.clone()).increment(1);
-        let params = match rv {
-            // NotOlderThan the last RV: a relist must never go back in time, which `0` could.
-            Some(rv) => vec![
-                ("resourceVersion", rv.to_string()),
-                ("resourceVersionMatch", "NotOlderThan".to_string()),
-            ],
-            None => vec![],
-        };
-        let uri = self.uri(&params);
+        let uri = self.uri(params);
         let req = http::Request::get(uri)
             .body(Vec::new())
             .map_err(|e| Error::ListFailed {
@@ -561,6 +601,12 @@ impl Run {
                 cmd = self.cmds.recv() => {
                     match cmd {
                         None => return Ok(WatchEnd::Closed),
+                        Some(SourceCmd::ListAt { rv }) => {
+                            if !self.list_at(rv).await {
+                                return Ok(WatchEnd::Closed);
+                            }
+                            continue;
+                        }
                         Some(SourceCmd::Probe) => {
                             match self.list(None).await {
                                 Ok((items, rv)) => {

@@ -1,7 +1,15 @@
 //! One downstream watch, with the API server's cacheWatcher semantics: its own filter,
 //! ADDED/MODIFIED/DELETED derived from old and new objects passing it, never an object
 //! event at or below the RV it started from, bookmarks, a timeout, and a bounded buffer —
-//! a client that stops reading is closed rather than allowed to slow its key.
+//! a client that stops reading live events is closed rather than allowed to slow its key.
+//!
+//! Initial events and replays are a *backlog* written at the client's pace, however many
+//! there are (cacheWatcher sends its initial events before reading its live channel, and
+//! only the client's timeout bounds them). Meanwhile the watcher is not live: the key
+//! sends it nothing. When the backlog is written, it tells the key the last sequence
+//! number it covered ([`cached_object::Ready`]); the key answers with the events since
+//! ([`Replay`]) and makes it live once they fit in the client's buffer, or ends the watch
+//! with a 410 when its window no longer holds them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -65,9 +73,28 @@ pub struct WatcherSpec {
     pub permit: Option<Box<dyn Send>>,
 }
 
+/// One line still to write of a backlog.
+enum Item {
+    /// An initial object, sent as ADDED if it passes the filter.
+    Object(Arc<Value>),
+    /// The `k8s.io/initial-events-end` bookmark at this RV.
+    EndBookmark(u64),
+    Event(Arc<StoreEvent>),
+    /// A last line (an in-stream error), after which the watch ends.
+    Final(Bytes),
+}
+
 pub struct Watcher {
     id: u64,
     spec: WatcherSpec,
+    /// Initial events, replays, or a final error, written as the client reads.
+    backlog: std::collections::VecDeque<Item>,
+    /// The key's sequence number the backlog brings the watcher up to.
+    backlog_seq: u64,
+    /// Waiting for room in the body to write more of the backlog.
+    waiting_for_room: bool,
+    /// The key sends this watcher its events and bookmarks.
+    live: bool,
     /// Object events at or below this RV are never sent (the client has them).
     floor: u64,
     /// Highest event sequence handled; replay and live events may overlap.
@@ -95,6 +122,10 @@ impl Watcher {
             floor: spec.plan.from_rv,
             sent_rv: spec.plan.from_rv,
             spec,
+            backlog: std::collections::VecDeque::new(),
+            backlog_seq: 0,
+            waiting_for_room: false,
+            live: false,
             last_seq: 0,
             started: false,
             closing: false,
@@ -119,12 +150,7 @@ impl Watcher {
                 true
             }
             Err(body::Error::Full) => {
-                let r = &self.spec.key.resource;
-                metrics::counter!(m::TERMINATED_WATCHERS, "group" => r.group.clone(), "resource" => r.resource.clone())
-                    .increment(1);
-                tracing::warn!(key = %self.spec.key, watcher = self.id, "closing unresponsive watcher: client is not reading");
-                self.closing = true;
-                ctx.stop();
+                self.too_slow(ctx);
                 false
             }
             Err(body::Error::Closed) => {
@@ -133,6 +159,16 @@ impl Watcher {
                 false
             }
         }
+    }
+
+    /// A live watcher whose client does not keep up: closed, as cacheWatcher's are.
+    fn too_slow(&mut self, ctx: &mut Context<Self>) {
+        let r = &self.spec.key.resource;
+        metrics::counter!(m::TERMINATED_WATCHERS, "group" => r.group.clone(), "resource" => r.resource.clone())
+            .increment(1);
+        tracing::warn!(key = %self.spec.key, watcher = self.id, "closing unresponsive watcher: client is not reading");
+        self.closing = true;
+        ctx.stop();
     }
 
     fn deliver(&mut self, ev: &StoreEvent, ctx: &mut Context<Self>) {
@@ -164,6 +200,66 @@ impl Watcher {
         if self.push(line, ctx) {
             self.sent_rv = self.sent_rv.max(ev.rv);
         }
+    }
+
+    /// Writes the backlog while the client's buffer has room, waits for room when it has
+    /// none, and once it is written asks the key to continue (unless already live).
+    fn drain(&mut self, ctx: &mut Context<Self>) {
+        while !self.backlog.is_empty() {
+            if self.closing {
+                return;
+            }
+            if self.spec.body.room() == 0 {
+                if !self.waiting_for_room {
+                    self.waiting_for_room = true;
+                    ctx.spawn(
+                        self.spec
+                            .body
+                            .writable()
+                            .into_actor(self)
+                            .map(|(), act, ctx| {
+                                act.waiting_for_room = false;
+                                act.drain(ctx);
+                            }),
+                    );
+                }
+                return;
+            }
+            match self.backlog.pop_front() {
+                Some(Item::Object(obj)) if self.spec.filter.matches(&obj) => {
+                    let line = self.spec.encoder.encode(EventType::Added, &obj);
+                    self.push(line, ctx);
+                }
+                Some(Item::Object(_)) => {}
+                Some(Item::EndBookmark(rv)) => self.bookmark(rv, true, ctx),
+                Some(Item::Event(ev)) => self.deliver(&ev, ctx),
+                Some(Item::Final(line)) => {
+                    self.push(line, ctx);
+                    self.closing = true;
+                    ctx.stop();
+                    return;
+                }
+                None => {}
+            }
+        }
+        // Shrink what a 20,000-object start left behind.
+        self.backlog = std::collections::VecDeque::new();
+        self.last_seq = self.last_seq.max(self.backlog_seq);
+        if !self.live && !self.closing {
+            self.spec.cached.do_send(cached_object::Ready {
+                id: self.id,
+                after_seq: self.last_seq,
+                rv: self.sent_rv.max(self.floor),
+                room: self.spec.body.room(),
+            });
+        }
+    }
+
+    /// Ends the watch with one in-stream error line, written after what is queued.
+    fn finish_with(&mut self, line: Bytes, ctx: &mut Context<Self>) {
+        self.backlog.clear();
+        self.backlog.push_back(Item::Final(line));
+        self.drain(ctx);
     }
 
     fn bookmark(&mut self, rv: u64, initial_events_end: bool, ctx: &mut Context<Self>) {
@@ -276,7 +372,9 @@ impl StreamHandler<Tick> for Watcher {
     fn handle(&mut self, tick: Tick, ctx: &mut Self::Context) {
         match tick {
             Tick::Keepalive => {
-                if self.last_write.elapsed() >= self.spec.keepalive {
+                // A full queue has bytes on their way already; a keepalive there would be
+                // taken for a client that stopped reading.
+                if self.last_write.elapsed() >= self.spec.keepalive && self.spec.body.room() > 0 {
                     self.push(Bytes::from_static(b"\n"), ctx);
                 }
             }
@@ -292,6 +390,8 @@ impl StreamHandler<Tick> for Watcher {
 }
 
 /// The watcher's start: initial ADDED events (state at `initial_rv`) or events to replay.
+/// Written as the client reads; the watcher is not live until it answers
+/// [`cached_object::Ready`].
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Start {
@@ -302,6 +402,17 @@ pub struct Start {
     pub floor: u64,
     /// Events up to this sequence are covered by `initial`/`replay`.
     pub start_seq: u64,
+}
+
+/// The key's answer to [`cached_object::Ready`]: the events since, up to `upto_seq`; with
+/// `live`, the watcher now gets every later event and bookmark (the events fit in its
+/// buffer), else it writes them and sends `Ready` again.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Replay {
+    pub events: Vec<Arc<StoreEvent>>,
+    pub upto_seq: u64,
+    pub live: bool,
 }
 
 /// The watch's RV is older than the key can replay.
@@ -352,27 +463,31 @@ impl Handler<Start> for Watcher {
 
     fn handle(&mut self, msg: Start, ctx: &mut Self::Context) {
         self.started = true;
-        for obj in &msg.initial {
-            if self.spec.filter.matches(obj) {
-                let line = self.spec.encoder.encode(EventType::Added, obj);
-                if !self.push(line, ctx) {
-                    return;
-                }
-            }
-        }
         if !msg.initial.is_empty() || msg.end_bookmark {
             self.sent_rv = self.sent_rv.max(msg.initial_rv);
             // Live events after the snapshot are all newer than it.
             self.floor = self.floor.max(msg.initial_rv);
         }
-        if msg.end_bookmark {
-            self.bookmark(msg.initial_rv, true, ctx);
-        }
-        for ev in &msg.replay {
-            self.deliver(ev, ctx);
-        }
         self.floor = self.floor.max(msg.floor);
-        self.last_seq = self.last_seq.max(msg.start_seq);
+        self.backlog
+            .extend(msg.initial.into_iter().map(Item::Object));
+        if msg.end_bookmark {
+            self.backlog.push_back(Item::EndBookmark(msg.initial_rv));
+        }
+        self.backlog.extend(msg.replay.into_iter().map(Item::Event));
+        self.backlog_seq = msg.start_seq;
+        self.drain(ctx);
+    }
+}
+
+impl Handler<Replay> for Watcher {
+    type Result = ();
+
+    fn handle(&mut self, msg: Replay, ctx: &mut Self::Context) {
+        self.live |= msg.live;
+        self.backlog.extend(msg.events.into_iter().map(Item::Event));
+        self.backlog_seq = self.backlog_seq.max(msg.upto_seq);
+        self.drain(ctx);
     }
 }
 
@@ -386,9 +501,7 @@ impl Handler<Expired> for Watcher {
             "too old resource version: {} ({})",
             msg.requested, msg.oldest
         );
-        self.push(error_line(410, "Expired", &message), ctx);
-        self.closing = true;
-        ctx.stop();
+        self.finish_with(error_line(410, "Expired", &message), ctx);
     }
 }
 
@@ -401,9 +514,7 @@ impl Handler<Failed> for Watcher {
             cached_object::Error::NotSynced { .. } => (503, "ServiceUnavailable"),
             cached_object::Error::Stopping { .. } => (503, "ServiceUnavailable"),
         };
-        self.push(error_line(code, reason, &msg.error.to_string()), ctx);
-        self.closing = true;
-        ctx.stop();
+        self.finish_with(error_line(code, reason, &msg.error.to_string()), ctx);
     }
 }
 
@@ -411,8 +522,16 @@ impl Handler<Dispatch> for Watcher {
     type Result = ();
 
     fn handle(&mut self, msg: Dispatch, ctx: &mut Self::Context) {
-        if self.started {
+        if !self.started {
+            return;
+        }
+        if self.backlog.is_empty() {
             self.deliver(&msg.0, ctx);
+        } else if self.backlog.len() < self.spec.mailbox {
+            // Live, and the replay that made it live is still being written: in order.
+            self.backlog.push_back(Item::Event(msg.0));
+        } else {
+            self.too_slow(ctx);
         }
     }
 }
@@ -421,7 +540,7 @@ impl Handler<Bookmark> for Watcher {
     type Result = ();
 
     fn handle(&mut self, msg: Bookmark, ctx: &mut Self::Context) {
-        if self.started && self.spec.allow_bookmarks {
+        if self.live && self.backlog.is_empty() && self.spec.allow_bookmarks {
             self.bookmark(msg.rv, false, ctx);
         }
     }
@@ -432,7 +551,8 @@ impl Handler<Close> for Watcher {
 
     fn handle(&mut self, msg: Close, ctx: &mut Self::Context) {
         if let CloseReason::Draining { rv } = msg.reason {
-            if self.started && self.spec.allow_bookmarks {
+            // Only a watcher that sent everything up to `rv` may say so.
+            if self.live && self.backlog.is_empty() && self.spec.allow_bookmarks {
                 self.bookmark(rv, false, ctx);
             }
         }

@@ -2,7 +2,7 @@
 //! the cache; everything else is proxied. Validation happens once, here, and errors are
 //! Kubernetes `Status` objects.
 
-use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -26,18 +26,21 @@ use crate::authz::{self, Attributes, Authorizer};
 use crate::config::ServerConfig;
 use crate::limits::WatchLimits;
 use crate::proxy::Proxy;
-use crate::request::{parse_path, parse_query, Query, ResourcePath};
+use crate::request::{is_keyable_name, parse_path, parse_query, Query, ResourcePath};
 use crate::status::ApiError;
 use crate::table::{self, IncludeObject, TableVersion};
 
 /// Shared by every HTTP worker.
 pub struct ApiState {
     pub registry: Addr<Registry>,
-    pub resources: HashMap<(String, String, String), Arc<ResourceType>>,
+    /// The cached resources as discovery describes them; empty (everything proxied)
+    /// until the upstream answered discovery.
+    pub resources: std::sync::OnceLock<crate::discovery::Resources>,
     pub auth: Authenticator,
     pub authz: Authorizer,
-    /// Requests without credentials are `system:anonymous` (else 401).
-    pub anonymous: bool,
+    /// Requests without credentials are `system:anonymous` (else 401): set once the API
+    /// server said it accepts anonymous requests, and the config allows them.
+    pub anonymous: AtomicBool,
     pub proxy: Proxy,
     pub watch_limits: WatchLimits,
     pub audit: crate::audit::Auditor,
@@ -69,7 +72,9 @@ pub async fn handle(
         if let Some(rp) = parse_path(req.path()) {
             let resource = state
                 .resources
-                .get(&(rp.group.clone(), rp.version.clone(), rp.resource.clone()))
+                .get()
+                .and_then(|r| r.get(&(rp.group.clone(), rp.version.clone(), rp.resource.clone())))
+                .filter(|r| fits_scope(&rp, r))
                 .cloned();
             if let (Some(resource), None) = (resource, &rp.subresource) {
                 let received = std::time::SystemTime::now();
@@ -123,6 +128,19 @@ pub async fn handle(
     }
 }
 
+/// Whether the path has the form the API server routes for the resource's scope; any
+/// other is proxied, and the API server answers it (404). A cluster-scoped resource has
+/// no `/namespaces/{ns}/` form (`/api/v1/namespaces/foo/namespaces/bar` would otherwise be
+/// authorized in `foo` and answered with `bar`); a namespaced object has no cluster-wide
+/// path by name (`/api/v1/secrets/s`).
+fn fits_scope(rp: &ResourcePath, resource: &ResourceType) -> bool {
+    if resource.namespaced {
+        rp.name.is_none() || rp.namespace_prefix
+    } else {
+        !rp.namespace_prefix
+    }
+}
+
 /// Authenticates the request: a bearer token through TokenReview; no credentials is
 /// `system:anonymous` when allowed (as the API server's `--anonymous-auth=true`).
 pub async fn identify(req: &HttpRequest, state: &ApiState) -> Result<UserInfo, ApiError> {
@@ -136,7 +154,9 @@ pub async fn identify(req: &HttpRequest, state: &ApiState) -> Result<UserInfo, A
     }
     match state.auth.authenticate(authorization).await {
         Ok(user) => Ok(user),
-        Err(auth::Error::MissingToken) if authorization.is_none() && state.anonymous => {
+        Err(auth::Error::MissingToken)
+            if authorization.is_none() && state.anonymous.load(Ordering::Relaxed) =>
+        {
             Ok(UserInfo::anonymous())
         }
         Err(auth::Error::MissingToken | auth::Error::InvalidToken) => Err(ApiError::unauthorized()),
@@ -231,6 +251,15 @@ async fn serve_cached(
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let include = IncludeObject::parse(q.include_object.as_deref())
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // A selector value becomes a key (an upstream selector, a NATS subject): only names
+    // kcache can carry verbatim; others are for the API server to answer.
+    if ["metadata.name", "spec.nodeName"]
+        .iter()
+        .filter_map(|f| field.equality_value(f))
+        .any(|v| !is_keyable_name(v))
+    {
+        return Ok(Served::Forward);
+    }
     let namespace = rp.namespace.as_deref().filter(|_| resource.namespaced);
     let key = route(&resource, namespace, rp.name.as_deref(), &field);
     let field = match key.implied_field() {
@@ -240,21 +269,32 @@ async fn serve_cached(
     let filter = Filter::new(label, field);
     if q.watch {
         let permit = state.watch_limits.admit(&user.username)?;
-        return watch(state, q, key, filter, table, include, permit).map(Served::Response);
+        return watch(state, q, user, key, filter, table, include, permit)
+            .await
+            .map(Served::Response);
     }
     let plan = plan_list(q.rv()?, q.rv_match()?, q.limit, q.continue_token.is_some())
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let ListPlan::Cache { min_rv } = plan else {
         return Ok(Served::Forward);
     };
-    let cached = state
+    let held = state
         .registry
         .send(Hold {
             key,
             duration: state.cache.grace_period(),
+            user: Some(user.username.clone()),
         })
         .await
         .map_err(|_| ApiError::service_unavailable("kcache is shutting down"))?;
+    let cached = match held {
+        Ok(cached) => cached,
+        // Past the key budget: the API server answers reads as well as the cache would.
+        Err(e) => {
+            tracing::debug!(error = %e, "no new key; forwarding upstream");
+            return Ok(Served::Forward);
+        }
+    };
     let snap = match cached.send(Read { min_rv }).await {
         Ok(Ok(snap)) => snap,
         Ok(Err(cached_object::Error::TooLargeResourceVersion { requested, current })) => {
@@ -321,9 +361,11 @@ async fn serve_cached(
     Ok(Served::Response(json_response(&body)))
 }
 
-fn watch(
+#[allow(clippy::too_many_arguments)]
+async fn watch(
     state: &ApiState,
     q: &Query,
+    user: &UserInfo,
     key: kcache_actors::core::key::Key,
     filter: Filter,
     table: Option<TableVersion>,
@@ -371,28 +413,32 @@ fn watch(
     let mailbox = state.cache.watcher_buffer.max(16);
     let allow_bookmarks = q.allow_watch_bookmarks;
     let keepalive = Duration::from_secs(state.cache.watch_keepalive_secs);
-    // Take the reference, then start the watcher on this worker's arbiter; the watcher
-    // releases the reference when it stops. Until then the client sees the response head
-    // and waits for its first event, as with the API server.
-    actix_web::rt::spawn(async move {
-        let Ok(cached) = registry.send(Acquire { key: key.clone() }).await else {
-            return;
-        };
-        actix::Actor::start(Watcher::new(WatcherSpec {
-            key,
-            filter,
-            plan,
-            allow_bookmarks,
-            timeout,
-            encoder,
-            body: tx,
-            cached,
-            registry,
-            mailbox,
-            keepalive,
-            permit: Some(Box::new(permit)),
-        }));
-    });
+    // Take the reference first: a key the user may not start is a 429 (the watch was not
+    // accepted), as a watch past the watch caps. The watcher releases it when it stops.
+    let cached = registry
+        .send(Acquire {
+            key: key.clone(),
+            user: Some(user.username.clone()),
+        })
+        .await
+        .map_err(|_| ApiError::service_unavailable("kcache is shutting down"))?
+        .map_err(|e| crate::limits::too_many_requests(e.to_string()))?;
+    // Start the watcher on this worker's arbiter. Until its first event the client sees the
+    // response head and waits, as with the API server.
+    actix::Actor::start(Watcher::new(WatcherSpec {
+        key,
+        filter,
+        plan,
+        allow_bookmarks,
+        timeout,
+        encoder,
+        body: tx,
+        cached,
+        registry,
+        mailbox,
+        keepalive,
+        permit: Some(Box::new(permit)),
+    }));
     let mut res = HttpResponse::Ok()
         .content_type("application/json")
         .insert_header(("Cache-Control", "no-cache, private"))

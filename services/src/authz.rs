@@ -4,7 +4,7 @@
 //! briefly (separate allow and deny TTLs, bounded).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authorization::v1::{
     NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
@@ -13,7 +13,7 @@ use thiserror::Error;
 
 use crate::auth::UserInfo;
 use crate::status::ApiError;
-use crate::ttl_cache::TtlCache;
+use crate::ttl_cache::{record_review, TtlCache};
 
 #[derive(Debug, Error)]
 pub enum Error {
@@ -49,7 +49,29 @@ pub struct Decision {
     pub reason: String,
 }
 
-type CacheKey = (String, Vec<String>, String, Attributes);
+/// The whole user (name, uid, groups and `extra`: a scoped or bound token of one user may be
+/// allowed less than another) and what they do.
+type CacheKey = (UserInfo, Attributes);
+
+/// Allowing answers live `allow_ttl`, denying ones `deny_ttl` (zero: not cached).
+fn decision_cache(
+    allow_ttl: Duration,
+    deny_ttl: Duration,
+    capacity: usize,
+) -> TtlCache<CacheKey, Decision> {
+    let capacity = if allow_ttl.is_zero() && deny_ttl.is_zero() {
+        0
+    } else {
+        capacity
+    };
+    TtlCache::new("authz", capacity, move |d: &Decision| {
+        if d.allowed {
+            allow_ttl
+        } else {
+            deny_ttl
+        }
+    })
+}
 
 pub struct Authorizer {
     client: kube::Client,
@@ -66,32 +88,14 @@ impl Authorizer {
     ) -> Self {
         Authorizer {
             client,
-            cache: TtlCache::new(
-                capacity,
-                move |d: &Decision| {
-                    if d.allowed {
-                        allow_ttl
-                    } else {
-                        deny_ttl
-                    }
-                },
-            ),
+            cache: decision_cache(allow_ttl, deny_ttl, capacity),
         }
     }
 
     pub async fn authorize(&self, user: &UserInfo, attrs: &Attributes) -> Result<Decision> {
-        let key: CacheKey = (
-            user.username.clone(),
-            user.groups.clone(),
-            user.uid.clone(),
-            attrs.clone(),
-        );
-        if let Some(d) = self.cache.get(&key) {
-            return Ok(d);
-        }
-        let decision = self.review(user, attrs).await?;
-        self.cache.insert(key, decision.clone());
-        Ok(decision)
+        self.cache
+            .get_or_fetch((user.clone(), attrs.clone()), || self.review(user, attrs))
+            .await
     }
 
     async fn review(&self, user: &UserInfo, attrs: &Attributes) -> Result<Decision> {
@@ -137,15 +141,22 @@ impl Authorizer {
             ..Default::default()
         };
         let api: kube::Api<SubjectAccessReview> = kube::Api::all(self.client.clone());
-        let out = api
-            .create(&Default::default(), &sar)
-            .await
-            .map_err(Error::ReviewFailed)?;
-        let status = out.status.unwrap_or_default();
-        Ok(Decision {
-            allowed: status.allowed && status.denied != Some(true),
-            reason: status.reason.unwrap_or_default(),
-        })
+        let started = Instant::now();
+        let out = api.create(&Default::default(), &sar).await;
+        let decision = out.map(|out| {
+            let status = out.status.unwrap_or_default();
+            Decision {
+                allowed: status.allowed && status.denied != Some(true),
+                reason: status.reason.unwrap_or_default(),
+            }
+        });
+        let result = match &decision {
+            Ok(d) if d.allowed => "allowed",
+            Ok(_) => "denied",
+            Err(_) => "error",
+        };
+        record_review("SubjectAccessReview", result, started.elapsed());
+        decision.map_err(Error::ReviewFailed)
     }
 }
 
@@ -210,6 +221,7 @@ pub fn forbidden(user: &UserInfo, attrs: &Attributes, reason: &str) -> ApiError 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ttl_cache::tests::Counted;
 
     fn user() -> UserInfo {
         UserInfo {
@@ -230,6 +242,69 @@ mod tests {
             namespace: ns.into(),
             name: name.into(),
         }
+    }
+
+    /// Looks `user` up in `c`, answering `allowed` on a miss (counted by `f`).
+    async fn decide(
+        c: &TtlCache<CacheKey, Decision>,
+        user: &UserInfo,
+        f: &Counted,
+        allowed: bool,
+    ) -> bool {
+        let d = Decision {
+            allowed,
+            reason: String::new(),
+        };
+        let Ok(d) = c
+            .get_or_fetch((user.clone(), res("get", "ns", "s")), || f.fetch(d.clone()))
+            .await;
+        d.allowed
+    }
+
+    #[tokio::test]
+    async fn users_differing_only_in_extra_or_uid_do_not_share_decisions() {
+        let c = decision_cache(Duration::from_secs(60), Duration::from_secs(60), 100);
+        let bound_to = |pod: &str| {
+            let mut u = user();
+            u.extra.insert(
+                "authentication.kubernetes.io/pod-name".into(),
+                vec![pod.into()],
+            );
+            u
+        };
+        let other_uid = UserInfo {
+            uid: "another".into(),
+            ..user()
+        };
+        let f = Counted::new();
+        assert!(decide(&c, &bound_to("p1"), &f, true).await);
+        // Same name, uid and groups: a separate review, and its own (deny) answer.
+        assert!(!decide(&c, &bound_to("p2"), &f, false).await);
+        assert!(!decide(&c, &other_uid, &f, false).await);
+        assert!(!decide(&c, &user(), &f, false).await);
+        assert_eq!(f.calls(), 4);
+        // Each is cached under its own key.
+        assert!(decide(&c, &bound_to("p1"), &f, false).await);
+        assert!(!decide(&c, &bound_to("p2"), &f, true).await);
+        assert_eq!(f.calls(), 4);
+    }
+
+    #[tokio::test]
+    async fn allow_and_deny_answers_have_their_own_ttls() {
+        // Denials not cached, allowances are.
+        let c = decision_cache(Duration::from_secs(60), Duration::ZERO, 100);
+        let viewer = user();
+        let admin = UserInfo {
+            username: "admin".into(),
+            ..user()
+        };
+        let (allow, deny) = (Counted::new(), Counted::new());
+        for _ in 0..3 {
+            assert!(decide(&c, &admin, &allow, true).await);
+            assert!(!decide(&c, &viewer, &deny, false).await);
+        }
+        assert_eq!(allow.calls(), 1);
+        assert_eq!(deny.calls(), 3);
     }
 
     #[test]

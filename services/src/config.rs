@@ -22,9 +22,7 @@ pub enum Error {
         #[source]
         source: toml::de::Error,
     },
-    #[error(
-        "invalid resource {0:?} in config: want group/version/resource with kind and namespaced"
-    )]
+    #[error("invalid resource {0:?} in config: want group, version and resource")]
     InvalidResource(String),
 }
 
@@ -61,6 +59,15 @@ pub struct ServerConfig {
     pub max_watches: usize,
     /// Most watches one user may hold open (0: no cap).
     pub max_watches_per_user: usize,
+    /// Most proxied read-only requests in flight (0: no cap); past it, 429 with
+    /// Retry-After. As the API server's `--max-requests-inflight`.
+    pub max_proxied_requests_inflight: usize,
+    /// Most proxied mutating requests in flight (0: no cap). As the API server's
+    /// `--max-mutating-requests-inflight`.
+    pub max_proxied_mutating_requests_inflight: usize,
+    /// Most proxied long-running requests (watches kcache does not serve, logs, proxy)
+    /// open at once (0: no cap); the two caps above do not count them.
+    pub max_proxied_long_running_requests: usize,
 }
 
 impl Default for ServerConfig {
@@ -73,6 +80,9 @@ impl Default for ServerConfig {
             workers: 0,
             max_watches: 100_000,
             max_watches_per_user: 20_000,
+            max_proxied_requests_inflight: 400,
+            max_proxied_mutating_requests_inflight: 200,
+            max_proxied_long_running_requests: 10_000,
         }
     }
 }
@@ -85,9 +95,9 @@ pub struct AuthConfig {
     /// Most TokenReview results kept.
     pub token_cache_size: usize,
     /// A request without credentials is `system:anonymous` (group
-    /// `system:unauthenticated`) and is authorized like any other, as with the API
-    /// server's default `--anonymous-auth=true`; false makes it a 401. Set it as the
-    /// upstream has it.
+    /// `system:unauthenticated`) and is authorized like any other, when the API server
+    /// accepts anonymous requests too (asked at start: `--anonymous-auth`); otherwise, or
+    /// when false, it is a 401.
     pub anonymous: bool,
     /// Seconds an allowing SubjectAccessReview answer is reused (the API server's
     /// delegated authorization default).
@@ -117,7 +127,10 @@ impl Default for AuthConfig {
     }
 }
 
-/// An extra cached resource: `{ group = "apps", version = "v1", resource = "deployments", kind = "Deployment", namespaced = true }`.
+/// An extra cached resource: `{ group = "apps", version = "v1", resource = "deployments" }`.
+/// Its kind and scope come from the API server's discovery; `kind` and `namespaced` may
+/// still be written (older configs), and a value that disagrees with discovery is
+/// overridden with a warning.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResourceEntry {
@@ -125,8 +138,10 @@ pub struct ResourceEntry {
     pub group: String,
     pub version: String,
     pub resource: String,
-    pub kind: String,
-    pub namespaced: bool,
+    #[serde(default)]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub namespaced: Option<bool>,
 }
 
 impl Config {
@@ -145,7 +160,7 @@ impl Config {
     }
 
     /// The default resources (v1 secrets, configmaps, pods, services, endpoints,
-    /// namespaces) plus the configured ones.
+    /// namespaces) plus the configured ones, before discovery confirms them.
     pub fn resource_types(&self) -> Result<Vec<ResourceType>> {
         let mut out = vec![
             ResourceType::new("", "v1", "secrets", "Secret", true),
@@ -156,7 +171,7 @@ impl Config {
             ResourceType::new("", "v1", "namespaces", "Namespace", false),
         ];
         for r in &self.resources {
-            if r.version.is_empty() || r.resource.is_empty() || r.kind.is_empty() {
+            if r.version.is_empty() || r.resource.is_empty() {
                 return Err(Error::InvalidResource(format!(
                     "{}/{}/{}",
                     r.group, r.version, r.resource
@@ -165,12 +180,13 @@ impl Config {
             out.retain(|t| {
                 !(t.group == r.group && t.version == r.version && t.resource == r.resource)
             });
+            // Kind and scope as configured until discovery says (`discovery::resolve`).
             out.push(ResourceType::new(
                 &r.group,
                 &r.version,
                 &r.resource,
-                &r.kind,
-                r.namespaced,
+                r.kind.as_deref().unwrap_or(""),
+                r.namespaced.unwrap_or(true),
             ));
         }
         Ok(out)
@@ -197,6 +213,22 @@ mod tests {
             cfg.server.min_request_timeout_secs,
             def.server.min_request_timeout_secs
         );
+        assert_eq!(
+            cfg.server.max_request_body_bytes,
+            def.server.max_request_body_bytes
+        );
+        assert_eq!(
+            cfg.server.max_proxied_requests_inflight,
+            def.server.max_proxied_requests_inflight
+        );
+        assert_eq!(
+            cfg.server.max_proxied_mutating_requests_inflight,
+            def.server.max_proxied_mutating_requests_inflight
+        );
+        assert_eq!(
+            cfg.server.max_proxied_long_running_requests,
+            def.server.max_proxied_long_running_requests
+        );
         assert_eq!(cfg.auth.token_cache_ttl_secs, def.auth.token_cache_ttl_secs);
         assert_eq!(cfg.auth.anonymous, def.auth.anonymous);
         assert_eq!(cfg.auth.authz_allow_ttl_secs, def.auth.authz_allow_ttl_secs);
@@ -217,8 +249,6 @@ mod tests {
 group = "apps"
 version = "v1"
 resource = "deployments"
-kind = "Deployment"
-namespaced = true
 "#,
         )
         .expect("parses");

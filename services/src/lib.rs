@@ -15,6 +15,7 @@ pub mod audit;
 pub mod auth;
 pub mod authz;
 pub mod config;
+pub mod discovery;
 pub mod limits;
 pub mod proxy;
 pub mod request;

@@ -41,6 +41,14 @@ impl Drop for WatchPermit {
     }
 }
 
+/// The API server's 429: `TooManyRequests`, retry after 1 s (header and details).
+pub fn too_many_requests(what: impl Into<String>) -> ApiError {
+    let mut e = ApiError::new(429, "TooManyRequests", what);
+    e.retry_after = Some(1);
+    e.details = Some(serde_json::json!({"retryAfterSeconds": 1}));
+    e
+}
+
 impl WatchLimits {
     /// 0 means no cap.
     pub fn new(max_total: usize, max_per_user: usize) -> Self {
@@ -57,12 +65,7 @@ impl WatchLimits {
             .lock()
             .map_err(|_| ApiError::service_unavailable("watch admission unavailable"))?;
         let mine = c.per_user.get(user).copied().unwrap_or(0);
-        let refuse = |what: String| {
-            let mut e = ApiError::new(429, "TooManyRequests", what);
-            e.retry_after = Some(1);
-            e.details = Some(serde_json::json!({"retryAfterSeconds": 1}));
-            e
-        };
+        let refuse = too_many_requests;
         if self.max_total > 0 && c.total >= self.max_total {
             return Err(refuse(format!(
                 "too many watches on this kcache replica (limit {})",

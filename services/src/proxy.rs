@@ -1,13 +1,52 @@
 //! Everything kcache does not serve from its cache goes to the API server unchanged, with
-//! the client's own credentials, streamed back — so clients can point their whole
+//! the client's own credentials, streamed both ways — so clients can point their whole
 //! kubeconfig at kcache.
+//!
+//! kcache cannot authenticate what it proxies (the API server does, with the credentials
+//! the request carries), so anyone who can reach the port can make it hold requests. Two
+//! limits keep that bounded before the API server has seen a byte:
+//!
+//! - Request bodies are streamed upstream as they arrive through a small bounded channel,
+//!   never collected, and cut off past `max_request_body_bytes` (413).
+//! - In-flight proxied requests are capped with semaphores, as the API server's
+//!   `--max-requests-inflight` / `--max-mutating-requests-inflight`; past a cap the answer is
+//!   429 with `Retry-After`, never a queue. Long-running requests (watches, logs, proxy)
+//!   have a cap of their own; see [`Kind`].
+
+use std::sync::{Arc, OnceLock};
 
 use actix_web::http::StatusCode;
-use actix_web::{web, HttpRequest, HttpResponse};
-use futures::StreamExt;
-use http_body_util::BodyExt;
+use actix_web::{dev, web, HttpRequest, HttpResponse};
+use bytes::Bytes;
+use futures::{FutureExt, StreamExt};
+use http_body_util::channel::Channel;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::rt::TokioExecutor;
+use kube::client::ConfigExt;
+use thiserror::Error;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tower::util::BoxCloneSyncService;
+use tower::{BoxError, ServiceBuilder, ServiceExt};
 
+use crate::config::ServerConfig;
 use crate::status::ApiError;
+
+/// Proxied requests answered by the API server, by status code.
+pub const PROXIED_REQUESTS: &str = "kcache_proxied_requests_total";
+/// Proxied requests in flight, by `kind` (`readonly`, `mutating`, `long_running`).
+pub const PROXY_INFLIGHT: &str = "kcache_proxy_inflight_requests";
+/// Proxied requests refused by kcache before or while reaching the API server, by
+/// `reason` (`readonly_inflight`, `mutating_inflight`, `long_running_inflight`,
+/// `body_too_large`).
+pub const PROXY_REJECTED: &str = "kcache_proxy_rejected_total";
+
+/// Body chunks (as the client's connection delivers them, at most tens of KiB each)
+/// queued between the client and the upstream connection: enough to keep both busy,
+/// small enough that a stalled upstream stops kcache reading the client.
+const BODY_CHUNKS: usize = 4;
 
 /// Headers that describe one hop, not the request (RFC 9110 §7.6.1), plus Host.
 const HOP_BY_HOP: [&str; 9] = [
@@ -22,35 +61,229 @@ const HOP_BY_HOP: [&str; 9] = [
     "host",
 ];
 
+/// The API server's long-running subresources (`BasicLongRunningRequestCheck` in
+/// `k8s.io/apiserver`, as kube-apiserver configures it).
+const LONG_RUNNING_SUBRESOURCES: [&str; 5] = ["attach", "exec", "proxy", "log", "portforward"];
+
+/// Why a request body did not reach the API server whole.
+#[derive(Debug, Clone, Error)]
+pub enum Error {
+    #[error("request body larger than {0} bytes")]
+    BodyTooLarge(usize),
+    #[error("reading the request body: {0}")]
+    ReadBody(String),
+}
+
+type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
+type Upstream =
+    BoxCloneSyncService<http::Request<UpstreamBody>, http::Response<UpstreamBody>, BoxError>;
+
+/// Which in-flight cap a proxied request counts against.
+///
+/// Why long-running requests are apart: a proxied watch or `logs -f` holds its slot for
+/// minutes, so counting it with short requests would let a few hundred idle watches
+/// refuse every `kubectl apply`. The API server exempts them from its in-flight limits
+/// altogether (they are bounded by its request timeout instead); kcache cannot, since
+/// each one also holds an upstream connection and a socket here, so they get a cap of
+/// their own, sized for connections rather than for request rate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    ReadOnly,
+    Mutating,
+    LongRunning,
+}
+
+impl Kind {
+    fn label(self) -> &'static str {
+        match self {
+            Kind::ReadOnly => "readonly",
+            Kind::Mutating => "mutating",
+            Kind::LongRunning => "long_running",
+        }
+    }
+
+    fn rejected_reason(self) -> &'static str {
+        match self {
+            Kind::ReadOnly => "readonly_inflight",
+            Kind::Mutating => "mutating_inflight",
+            Kind::LongRunning => "long_running_inflight",
+        }
+    }
+
+    /// As the API server classifies a request (`RequestInfoFactory` then its long-running
+    /// check): a watch of a collection (`?watch=` not false, or the old `/watch/` paths),
+    /// the old `/proxy/` verb, or a long-running subresource; otherwise by method.
+    pub fn of(method: &str, path: &str, query: &str) -> Kind {
+        let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let rest = match parts.first() {
+            Some(&"api") if parts.len() > 2 => &parts[2..],
+            Some(&"apis") if parts.len() > 3 => &parts[3..],
+            _ => &[][..],
+        };
+        let mut long_running = match rest.first() {
+            Some(&"watch") => method == "GET",
+            Some(&"proxy") => true,
+            _ => false,
+        };
+        if !long_running && !rest.is_empty() {
+            let mut rest = rest;
+            if rest[0] == "namespaces"
+                && rest.len() > 2
+                && !matches!(rest[2], "status" | "finalize")
+            {
+                rest = &rest[2..];
+            }
+            long_running = rest
+                .get(2)
+                .is_some_and(|s| LONG_RUNNING_SUBRESOURCES.contains(s))
+                // Only a collection is watched; a named GET with `?watch` is a get.
+                || (method == "GET" && rest.len() == 1 && watch_requested(query));
+        }
+        if long_running {
+            Kind::LongRunning
+        } else if matches!(method, "GET" | "HEAD" | "OPTIONS") {
+            Kind::ReadOnly
+        } else {
+            Kind::Mutating
+        }
+    }
+}
+
+/// apimachinery's query bool: the first `watch` value, true unless `0` or `false`
+/// (any case) — an empty `?watch` is true.
+fn watch_requested(query: &str) -> bool {
+    url::form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "watch")
+        .is_some_and(|(_, v)| v != "0" && !v.eq_ignore_ascii_case("false"))
+}
+
+/// One proxied request's slot; the gauge and the semaphore get it back on drop.
+struct InFlight {
+    kind: Kind,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        metrics::gauge!(PROXY_INFLIGHT, "kind" => self.kind.label()).decrement(1.0);
+    }
+}
+
+/// The three in-flight caps (`None`: no cap).
+struct Slots {
+    readonly: Option<Arc<Semaphore>>,
+    mutating: Option<Arc<Semaphore>>,
+    long_running: Option<Arc<Semaphore>>,
+    limits: [usize; 3],
+}
+
+impl Slots {
+    fn new(readonly: usize, mutating: usize, long_running: usize) -> Self {
+        let sem =
+            |n: usize| (n > 0).then(|| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS))));
+        Slots {
+            readonly: sem(readonly),
+            mutating: sem(mutating),
+            long_running: sem(long_running),
+            limits: [readonly, mutating, long_running],
+        }
+    }
+
+    fn admit(&self, kind: Kind) -> Result<InFlight, ApiError> {
+        let (sem, limit) = match kind {
+            Kind::ReadOnly => (&self.readonly, self.limits[0]),
+            Kind::Mutating => (&self.mutating, self.limits[1]),
+            Kind::LongRunning => (&self.long_running, self.limits[2]),
+        };
+        let permit = match sem {
+            Some(s) => Some(s.clone().try_acquire_owned().map_err(|_| {
+                metrics::counter!(PROXY_REJECTED, "reason" => kind.rejected_reason()).increment(1);
+                let mut e = ApiError::new(
+                    429,
+                    "TooManyRequests",
+                    format!(
+                        "too many {} requests proxied by this kcache replica (limit {limit}), please try again later",
+                        kind.label().replace('_', "-")
+                    ),
+                );
+                e.retry_after = Some(1);
+                e.details = Some(serde_json::json!({"retryAfterSeconds": 1}));
+                e
+            })?),
+            None => None,
+        };
+        metrics::gauge!(PROXY_INFLIGHT, "kind" => kind.label()).increment(1.0);
+        Ok(InFlight {
+            kind,
+            _permit: permit,
+        })
+    }
+}
+
 pub struct Proxy {
     /// A client with the upstream's address and TLS settings but *no* credentials of its
     /// own: the client's Authorization header is what the API server sees.
-    client: kube::Client,
+    client: Upstream,
     /// kcache's own identity, used only to impersonate client-certificate users when
     /// `auth.impersonate_cert_users` is on.
-    impersonator: Option<kube::Client>,
+    impersonator: Option<Upstream>,
     max_body: usize,
+    slots: Slots,
+}
+
+/// kube-rs's layers (base URI, auth, extra headers) over a hyper client of our own, since
+/// `kube::Client` only sends bodies it holds whole. HTTP/1.1 as kube-rs's stock client;
+/// never retries (writes are not idempotent).
+fn upstream(config: &kube::Config) -> Result<Upstream, kube::Error> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(config.connect_timeout);
+    let https = config.rustls_https_connector_with_connector(http)?;
+    let hyper = HyperClient::builder(TokioExecutor::new()).build(https);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(hyper)
+        .map_err(Into::<BoxError>::into)
+        .map_response(|r| r.map(|b| b.map_err(BoxError::from).boxed_unsync()));
+    Ok(BoxCloneSyncService::new(service))
 }
 
 impl Proxy {
     pub fn new(
         config: kube::Config,
-        max_body: usize,
+        server: &ServerConfig,
         impersonate_cert_users: bool,
     ) -> Result<Self, kube::Error> {
-        // Never retry on the client's behalf: writes are not idempotent.
-        let mut own = config;
-        own.default_retry = false;
+        use metrics::{describe_counter, describe_gauge};
+        describe_counter!(
+            PROXIED_REQUESTS,
+            "Proxied requests answered upstream, by code."
+        );
+        describe_gauge!(PROXY_INFLIGHT, "Proxied requests in flight, by kind.");
+        describe_counter!(
+            PROXY_REJECTED,
+            "Proxied requests refused by kcache (429 or 413), by reason."
+        );
+        let own = config;
         let mut anonymous = own.clone();
         anonymous.auth_info = Default::default();
         Ok(Proxy {
-            client: kube::Client::try_from(anonymous)?,
+            client: upstream(&anonymous)?,
             impersonator: if impersonate_cert_users {
-                Some(kube::Client::try_from(own)?)
+                Some(upstream(&own)?)
             } else {
                 None
             },
-            max_body,
+            max_body: server.max_request_body_bytes,
+            slots: Slots::new(
+                server.max_proxied_requests_inflight,
+                server.max_proxied_mutating_requests_inflight,
+                server.max_proxied_long_running_requests,
+            ),
         })
     }
 
@@ -92,9 +325,18 @@ impl Proxy {
         self.send(client, req, body, Some(user)).await
     }
 
+    fn too_large(&self) -> ApiError {
+        metrics::counter!(PROXY_REJECTED, "reason" => "body_too_large").increment(1);
+        ApiError::new(
+            413,
+            "RequestEntityTooLarge",
+            Error::BodyTooLarge(self.max_body).to_string(),
+        )
+    }
+
     async fn send(
         &self,
-        client: &kube::Client,
+        client: &Upstream,
         req: &HttpRequest,
         body: web::Payload,
         impersonate: Option<&crate::auth::UserInfo>,
@@ -104,15 +346,20 @@ impl Proxy {
                 "kcache does not proxy connection upgrades (exec, attach, port-forward); use the API server directly",
             ));
         }
-        let bytes = body.to_bytes_limited(self.max_body).await.map_err(|_| {
-            ApiError::new(
-                413,
-                "RequestEntityTooLarge",
-                format!("request body larger than {} bytes", self.max_body),
-            )
-        })?;
-        let bytes =
-            bytes.map_err(|e| ApiError::bad_request(format!("reading request body: {e}")))?;
+        // A declared length over the cap is refused before anything goes upstream.
+        let declared = req
+            .headers()
+            .get("content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if declared.is_some_and(|n| n > self.max_body as u64) {
+            return Err(self.too_large());
+        }
+        let in_flight = self.slots.admit(Kind::of(
+            req.method().as_str(),
+            req.path(),
+            req.query_string(),
+        ))?;
         let uri = req
             .uri()
             .path_and_query()
@@ -138,17 +385,31 @@ impl Proxy {
                 builder = builder.header("Impersonate-Group", g.as_str());
             }
         }
+        let (upstream_body, failure) = self.stream_body(body.into_inner());
         let upstream_req = builder
-            .body(kube::client::Body::from(bytes))
+            .body(upstream_body)
             .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
-        let resp = client.send(upstream_req).await.map_err(|e| {
-            tracing::warn!(error = %e, "proxying to the API server failed");
-            ApiError::service_unavailable(format!("the API server is unreachable: {e}"))
+        let resp = client.clone().oneshot(upstream_req).await.map_err(|e| {
+            // Set before the body was aborted, so it is here when that failed the request.
+            match failure.get() {
+                Some(Error::BodyTooLarge(_)) => self.too_large(),
+                Some(e @ Error::ReadBody(_)) => ApiError::bad_request(e.to_string()),
+                None => {
+                    // hyper's errors say little at the top ("client error (Connect)").
+                    let mut why = e.to_string();
+                    let mut source = e.source();
+                    while let Some(s) = source {
+                        why = format!("{why}: {s}");
+                        source = s.source();
+                    }
+                    tracing::warn!(error = %why, "proxying to the API server failed");
+                    ApiError::service_unavailable(format!("the API server is unreachable: {why}"))
+                }
+            }
         })?;
         let status =
             StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-        metrics::counter!("kcache_proxied_requests_total", "code" => status.as_u16().to_string())
-            .increment(1);
+        metrics::counter!(PROXIED_REQUESTS, "code" => status.as_u16().to_string()).increment(1);
         let mut out = HttpResponse::build(status);
         for (name, value) in resp.headers() {
             if HOP_BY_HOP.contains(&name.as_str()) || name.as_str() == "content-length" {
@@ -156,10 +417,214 @@ impl Proxy {
             }
             out.append_header((name.as_str(), value.as_bytes()));
         }
-        let stream = resp
-            .into_body()
-            .into_data_stream()
-            .map(|chunk| chunk.map_err(|e| actix_web::error::ErrorBadGateway(e.to_string())));
+        // The slot is held until the response body ends or the client goes away.
+        let stream = resp.into_body().into_data_stream().map(move |chunk| {
+            let _held = &in_flight;
+            chunk.map_err(|e| actix_web::error::ErrorBadGateway(e.to_string()))
+        });
         Ok(out.streaming(stream))
+    }
+
+    /// The request body as it arrives, for the upstream request. A body already known to
+    /// be empty (none, `Content-Length: 0`, or an HTTP/2 stream that ended with its
+    /// headers) is sent as none, so a GET does not go upstream chunked; the check does not
+    /// wait, so a client that stalls before its body stalls only the upstream request,
+    /// which the API server's request timeout bounds. The rest is pumped by a task on this
+    /// worker (the client's payload cannot leave it) into a bounded channel; past
+    /// `max_body` bytes, or if the client's body fails, the upstream body is aborted (the
+    /// upstream request fails rather than seeing a truncated body) and the reason is left
+    /// in the cell.
+    fn stream_body(&self, mut payload: dev::Payload) -> (UpstreamBody, Arc<OnceLock<Error>>) {
+        let failure = Arc::new(OnceLock::new());
+        if matches!(payload, dev::Payload::None) {
+            return (empty(), failure);
+        }
+        let first = match payload.next().now_or_never() {
+            Some(None) => return (empty(), failure),
+            Some(Some(first)) => Some(first),
+            // Not here yet.
+            None => None,
+        };
+        let mut payload = futures::stream::iter(first).chain(payload);
+        let (mut tx, body) = Channel::<Bytes, Error>::new(BODY_CHUNKS);
+        let max = self.max_body;
+        let cell = failure.clone();
+        actix_web::rt::spawn(async move {
+            let mut sent = 0usize;
+            while let Some(item) = payload.next().await {
+                let err = match item {
+                    Ok(chunk) => {
+                        sent = sent.saturating_add(chunk.len());
+                        if sent <= max {
+                            if tx.send_data(chunk).await.is_err() {
+                                // The upstream request is over (answered or failed).
+                                return;
+                            }
+                            continue;
+                        }
+                        Error::BodyTooLarge(max)
+                    }
+                    Err(e) => Error::ReadBody(e.to_string()),
+                };
+                let _ = cell.set(err.clone());
+                tx.abort(err);
+                return;
+            }
+        });
+        (body.map_err(BoxError::from).boxed_unsync(), failure)
+    }
+}
+
+fn empty() -> UpstreamBody {
+    Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn classifies_as_the_api_server() {
+        let get = "GET";
+        let cases = [
+            (
+                get,
+                "/api/v1/namespaces/a/pods",
+                "watch=1",
+                Kind::LongRunning,
+            ),
+            (
+                get,
+                "/api/v1/pods",
+                "watch=true&resourceVersion=5",
+                Kind::LongRunning,
+            ),
+            (get, "/api/v1/pods", "watch", Kind::LongRunning),
+            (get, "/api/v1/pods", "watch=", Kind::LongRunning),
+            (get, "/api/v1/pods", "watch=0", Kind::ReadOnly),
+            (get, "/api/v1/pods", "watch=False", Kind::ReadOnly),
+            (get, "/api/v1/pods", "watch=0&watch=1", Kind::ReadOnly),
+            (
+                get,
+                "/apis/apps/v1/deployments",
+                "watch=1",
+                Kind::LongRunning,
+            ),
+            (
+                get,
+                "/apis/apps/v1/namespaces/a/deployments",
+                "watch=1",
+                Kind::LongRunning,
+            ),
+            (
+                get,
+                "/api/v1/watch/namespaces/a/pods",
+                "",
+                Kind::LongRunning,
+            ),
+            (
+                get,
+                "/api/v1/namespaces/a/pods/p/log",
+                "follow=true",
+                Kind::LongRunning,
+            ),
+            (
+                get,
+                "/api/v1/namespaces/a/pods/p/log",
+                "",
+                Kind::LongRunning,
+            ),
+            (
+                get,
+                "/api/v1/namespaces/a/services/s/proxy/x/y",
+                "",
+                Kind::LongRunning,
+            ),
+            (
+                "POST",
+                "/api/v1/namespaces/a/pods/p/proxy",
+                "",
+                Kind::LongRunning,
+            ),
+            (
+                get,
+                "/api/v1/proxy/namespaces/a/pods/p",
+                "",
+                Kind::LongRunning,
+            ),
+            // A named get with ?watch is a get on the API server.
+            (
+                get,
+                "/api/v1/namespaces/a/pods/p",
+                "watch=1",
+                Kind::ReadOnly,
+            ),
+            (get, "/api/v1/namespaces/a", "watch=1", Kind::ReadOnly),
+            (get, "/api/v1/namespaces", "watch=1", Kind::LongRunning),
+            ("PUT", "/api/v1/namespaces/a/finalize", "", Kind::Mutating),
+            (
+                get,
+                "/api/v1/namespaces/a/pods/p/status",
+                "",
+                Kind::ReadOnly,
+            ),
+            (get, "/version", "watch=1", Kind::ReadOnly),
+            (get, "/api", "", Kind::ReadOnly),
+            (get, "/apis/apps", "", Kind::ReadOnly),
+            ("HEAD", "/api/v1/pods", "", Kind::ReadOnly),
+            (
+                "POST",
+                "/api/v1/namespaces/a/configmaps",
+                "watch=1",
+                Kind::Mutating,
+            ),
+            (
+                "PATCH",
+                "/api/v1/namespaces/a/configmaps/c",
+                "",
+                Kind::Mutating,
+            ),
+            (
+                "DELETE",
+                "/api/v1/namespaces/a/configmaps",
+                "",
+                Kind::Mutating,
+            ),
+        ];
+        for (method, path, query, want) in cases {
+            assert_eq!(
+                Kind::of(method, path, query),
+                want,
+                "{method} {path}?{query}"
+            );
+        }
+    }
+
+    #[test]
+    fn caps_each_kind_apart_and_frees_on_drop() {
+        let slots = Slots::new(1, 2, 0);
+        let r = slots.admit(Kind::ReadOnly).expect("first read");
+        let e = slots
+            .admit(Kind::ReadOnly)
+            .err()
+            .expect("second read refused");
+        assert_eq!(
+            (e.code, e.reason, e.retry_after),
+            (429, "TooManyRequests", Some(1))
+        );
+        assert_eq!(e.to_status()["details"]["retryAfterSeconds"], 1);
+        let _m1 = slots
+            .admit(Kind::Mutating)
+            .expect("writes have their own slots");
+        let _m2 = slots.admit(Kind::Mutating).expect("second write");
+        assert!(slots.admit(Kind::Mutating).is_err());
+        // 0: no cap.
+        let watches: Vec<_> = (0..1000)
+            .map(|_| slots.admit(Kind::LongRunning).expect("uncapped"))
+            .collect();
+        assert_eq!(watches.len(), 1000);
+        drop(r);
+        let _r = slots.admit(Kind::ReadOnly).expect("slot freed");
     }
 }

@@ -16,53 +16,112 @@ pub struct ResourcePath {
     pub resource: String,
     pub name: Option<String>,
     pub subresource: Option<String>,
+    /// The resource came after a `namespaces/{ns}/` prefix (`/api/v1/namespaces/a/secrets`),
+    /// as opposed to a namespace's own path (`/api/v1/namespaces/a`), whose namespace is
+    /// its name. A cluster-scoped resource under such a prefix is not a route the API
+    /// server has.
+    pub namespace_prefix: bool,
 }
 
 /// The namespace subresources the request-info parser keeps on the namespace itself.
 const NAMESPACE_SUBRESOURCES: [&str; 2] = ["status", "finalize"];
 
-/// Parses a path as the API server's `RequestInfoFactory`; `None` for non-resource paths
-/// (discovery, `/version`, deprecated `/watch/` prefixes, health), which are proxied.
+/// Longest object name kcache keeps a key for: the API server's limit for the names of
+/// nearly every resource (a DNS-1123 subdomain). Longer names cannot exist there; a GET of
+/// one is proxied instead of becoming a key, a NATS subject and an upstream watch.
+pub const MAX_NAME_BYTES: usize = 253;
+
+/// Parses a path as the API server's `RequestInfoFactory` reads it, for requests the cache
+/// may serve; `None` for everything else, which is proxied and answered by the API server
+/// itself with the caller's own credentials.
+///
+/// The API server splits the *decoded* path (Go's `URL.Path`) on `/`, so `%2F` inside a
+/// segment is a separator there; decoding first and splitting second gives the same
+/// segments. Anything kcache would read differently from the API server, or could not use
+/// as a key verbatim, is `None`: a path that is not in canonical form (empty segments, a
+/// trailing slash, invalid UTF-8), a namespace that is not a DNS-1123 label, a name that
+/// is not a valid path segment ([`is_keyable_name`]). Proxying such a request is always
+/// safe: kcache never reads with its own identity for it.
 pub fn parse_path(path: &str) -> Option<ResourcePath> {
-    let parts: Vec<String> = path
-        .trim_matches('/')
-        .split('/')
-        .map(|p| percent_decode_str(p).decode_utf8_lossy().into_owned())
-        .collect();
-    let (group, version, rest) = match parts.first().map(String::as_str) {
-        Some("api") if parts.len() >= 3 => (String::new(), parts[1].clone(), &parts[2..]),
-        Some("apis") if parts.len() >= 4 => (parts[1].clone(), parts[2].clone(), &parts[3..]),
+    let decoded = percent_decode_str(path).decode_utf8().ok()?;
+    let parts: Vec<&str> = decoded.strip_prefix('/')?.split('/').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return None;
+    }
+    let (group, version, rest) = match parts.first().copied() {
+        Some("api") if parts.len() >= 3 => ("", parts[1], &parts[2..]),
+        Some("apis") if parts.len() >= 4 => (parts[1], parts[2], &parts[3..]),
         _ => return None,
     };
-    if rest.is_empty() || rest[0] == "watch" || rest.iter().any(String::is_empty) {
+    if rest[0] == "watch" {
         return None;
     }
     let mut rest = rest;
     let mut namespace = None;
+    let mut namespace_prefix = false;
     if rest[0] == "namespaces" && rest.len() > 1 {
-        namespace = Some(rest[1].clone());
-        if rest.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&rest[2].as_str()) {
+        namespace = Some(rest[1]);
+        if rest.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&rest[2]) {
             rest = &rest[2..];
+            namespace_prefix = true;
         }
     }
     if rest.len() > 3 {
         return None;
     }
-    let resource = rest[0].clone();
-    let name = rest.get(1).cloned();
-    let subresource = rest.get(2).cloned();
+    let resource = rest[0];
+    let name = rest.get(1).copied();
+    let subresource = rest.get(2).copied();
     // `/api/v1/namespaces` lists namespaces: no namespace in scope.
     if resource == "namespaces" && name.is_none() {
         namespace = None;
     }
+    if namespace.is_some_and(|ns| !is_dns1123_label(ns))
+        || name.is_some_and(|n| !is_keyable_name(n))
+    {
+        return None;
+    }
     Some(ResourcePath {
-        group,
-        version,
-        namespace,
-        resource,
-        name,
-        subresource,
+        group: group.to_string(),
+        version: version.to_string(),
+        namespace: namespace.map(str::to_string),
+        resource: resource.to_string(),
+        name: name.map(str::to_string),
+        subresource: subresource.map(str::to_string),
+        namespace_prefix,
     })
+}
+
+/// A DNS-1123 label, the API server's rule for namespace names: at most 63 of `[a-z0-9-]`,
+/// starting and ending with an alphanumeric.
+pub fn is_dns1123_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+/// A name kcache may keep a key for: a valid path segment for the API server
+/// (`IsValidPathSegmentName`: not `.` or `..`, no `/` or `%`), at most [`MAX_NAME_BYTES`],
+/// and only printable ASCII without the characters that are syntax in a field selector
+/// (`,` `=` `!` `\`) or a URL (`?` `#` `&` `+`, space), so the name reaches the upstream
+/// `metadata.name=` selector and NATS subjects verbatim. Object names of every built-in
+/// resource fit; a request for any other name is proxied.
+pub fn is_keyable_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_NAME_BYTES
+        && s != "."
+        && s != ".."
+        && s.bytes().all(|c| {
+            c.is_ascii_graphic()
+                && !matches!(
+                    c,
+                    b'/' | b'%' | b',' | b'=' | b'!' | b'\\' | b'?' | b'#' | b'&' | b'+'
+                )
+        })
 }
 
 /// The list/watch query parameters kcache acts on.
@@ -179,6 +238,7 @@ mod tests {
             resource: res.into(),
             name: name.map(Into::into),
             subresource: sub.map(Into::into),
+            namespace_prefix: ns.is_some() && res != "namespaces",
         })
     }
 
@@ -234,6 +294,73 @@ mod tests {
             parse_path("/api/v1/namespaces/a/secrets/s%2Ex"),
             rp(Some("a"), "secrets", Some("s.x"), None)
         );
+    }
+
+    #[test]
+    fn encoded_separators_split_as_the_api_server_splits_them() {
+        // `%2F` is a `/` in the API server's URL.Path: the namespace is `kube-system` and
+        // the resource `secrets?x=`, never a ConfigMaps list in an odd namespace.
+        let p = parse_path("/api/v1/namespaces/kube-system%2Fsecrets%3Fx%3D/configmaps");
+        assert!(
+            p.as_ref().is_none_or(|p| p.resource != "configmaps"),
+            "{p:?}"
+        );
+        assert_eq!(
+            parse_path("/api/v1/namespaces/a%2Fsecrets/s"),
+            rp(Some("a"), "secrets", Some("s"), None).map(|mut p| {
+                p.namespace_prefix = true;
+                p
+            })
+        );
+    }
+
+    #[test]
+    fn segments_the_cache_cannot_serve_verbatim_are_proxied() {
+        for path in [
+            // Not DNS-1123 labels.
+            "/api/v1/namespaces/Kube-System/configmaps",
+            "/api/v1/namespaces/a_b/configmaps",
+            "/api/v1/namespaces/-a/configmaps",
+            "/api/v1/namespaces/a%3Fx/configmaps",
+            "/api/v1/namespaces/a%00/configmaps",
+            // Invalid path segment names (`IsValidPathSegmentName`) or selector syntax.
+            "/api/v1/namespaces/a/configmaps/..",
+            "/api/v1/namespaces/a/configmaps/.",
+            "/api/v1/namespaces/a/configmaps/%2E%2E",
+            "/api/v1/namespaces/a/configmaps/x%25y",
+            "/api/v1/namespaces/a/configmaps/x,metadata.namespace=b",
+            "/api/v1/namespaces/a/configmaps/x%3Dy",
+            "/api/v1/namespaces/a/configmaps/x%20y",
+            "/api/v1/namespaces/a/configmaps/%C3%A9",
+            // Not canonical.
+            "/api/v1/namespaces/a/configmaps/",
+            "/api/v1/namespaces/a/configmaps/x/",
+            "//api/v1/configmaps",
+            "/api/v1/namespaces/a/configmaps/%FF",
+        ] {
+            assert_eq!(parse_path(path), None, "{path}");
+        }
+        let long = "n".repeat(MAX_NAME_BYTES);
+        assert!(parse_path(&format!("/api/v1/namespaces/a/secrets/{long}")).is_some());
+        assert_eq!(
+            parse_path(&format!("/api/v1/namespaces/a/secrets/{long}n")),
+            None
+        );
+        assert_eq!(
+            parse_path(&format!("/api/v1/namespaces/{}/secrets", "a".repeat(64))),
+            None
+        );
+        assert!(parse_path("/api/v1/namespaces/a-1/secrets/x.y-z_w:v@u").is_some());
+    }
+
+    #[test]
+    fn namespace_prefix_tells_a_namespace_from_a_resource_inside_one() {
+        let own = parse_path("/api/v1/namespaces/foo").expect("namespace");
+        assert!(!own.namespace_prefix);
+        let nested = parse_path("/api/v1/namespaces/foo/namespaces/foo").expect("parsed");
+        assert!(nested.namespace_prefix);
+        assert!(parse_path("/api/v1/namespaces/foo/status").is_some_and(|p| !p.namespace_prefix));
+        assert!(parse_path("/api/v1/namespaces/foo/secrets").is_some_and(|p| p.namespace_prefix));
     }
 
     #[test]

@@ -5,7 +5,6 @@
 //! the binary and tests start it the same way. On shutdown: readiness fails at once,
 //! watchers get a last bookmark and are closed, then the HTTP server stops with a grace period.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -90,12 +89,9 @@ pub async fn run(
         let client = kube::Client::try_from(kube_config.clone()).map_err(Error::UpstreamClient)?;
         (client.clone(), UpstreamClients::single(client))
     };
-    let proxy = Proxy::new(
-        kube_config,
-        cfg.server.max_request_body_bytes,
-        cfg.auth.impersonate_cert_users,
-    )
-    .map_err(Error::UpstreamClient)?;
+    let kube_config_for_probe = kube_config.clone();
+    let proxy = Proxy::new(kube_config, &cfg.server, cfg.auth.impersonate_cert_users)
+        .map_err(Error::UpstreamClient)?;
     let cache_cfg = Arc::new(cfg.cache.clone());
     let replica = cfg.server.replica_id.clone().unwrap_or_else(hostname);
     let upstream = Arc::new(UpstreamSource::new(Arc::new(clients), cache_cfg.clone()));
@@ -122,15 +118,51 @@ pub async fn run(
     .start();
     let health = Arc::new(Health::default());
 
-    // Readiness opens once the API server has answered (discovery of its version).
+    let state = web::Data::new(ApiState {
+        registry: registry.clone(),
+        resources: std::sync::OnceLock::new(),
+        auth: Authenticator::new(
+            client.clone(),
+            Duration::from_secs(cfg.auth.token_cache_ttl_secs),
+            cfg.auth.token_cache_size,
+        ),
+        authz: Authorizer::new(
+            client.clone(),
+            Duration::from_secs(cfg.auth.authz_allow_ttl_secs),
+            Duration::from_secs(cfg.auth.authz_deny_ttl_secs),
+            cfg.auth.authz_cache_size,
+        ),
+        anonymous: AtomicBool::new(false),
+        audit: crate::audit::Auditor::start(&cfg.audit).map_err(Error::Audit)?,
+        watch_limits: crate::limits::WatchLimits::new(
+            cfg.server.max_watches,
+            cfg.server.max_watches_per_user,
+        ),
+        proxy,
+        cache: cfg.cache.clone(),
+        server: cfg.server.clone(),
+    });
+    // Readiness opens once the API server has answered discovery for every cached
+    // resource (their scope and kind) and whether it accepts anonymous requests; until
+    // then every request is proxied.
     {
-        let client = client.clone();
+        let state = state.clone();
         let health = health.clone();
+        let anonymous_allowed_by_config = cfg.auth.anonymous;
+        let anonymous_client = anonymous_client(&kube_config_for_probe)?;
         actix_web::rt::spawn(async move {
             loop {
-                match client.apiserver_version().await {
-                    Ok(v) => {
-                        tracing::info!(version = %v.git_version, "upstream API server reachable");
+                match start_up(&client, &anonymous_client, &resources).await {
+                    Ok((found, upstream_anonymous)) => {
+                        let anonymous = anonymous_allowed_by_config && upstream_anonymous;
+                        tracing::info!(
+                            resources = found.len(),
+                            upstream_anonymous,
+                            anonymous,
+                            "upstream API server reachable; discovery read"
+                        );
+                        state.anonymous.store(anonymous, Ordering::Relaxed);
+                        let _ = state.resources.set(found);
                         health.ready.store(true, Ordering::Relaxed);
                         return;
                     }
@@ -142,39 +174,6 @@ pub async fn run(
             }
         });
     }
-
-    let state = web::Data::new(ApiState {
-        registry: registry.clone(),
-        resources: resources
-            .into_iter()
-            .map(|r| {
-                (
-                    (r.group.clone(), r.version.clone(), r.resource.clone()),
-                    Arc::new(r),
-                )
-            })
-            .collect::<HashMap<_, _>>(),
-        auth: Authenticator::new(
-            client.clone(),
-            Duration::from_secs(cfg.auth.token_cache_ttl_secs),
-            cfg.auth.token_cache_size,
-        ),
-        authz: Authorizer::new(
-            client,
-            Duration::from_secs(cfg.auth.authz_allow_ttl_secs),
-            Duration::from_secs(cfg.auth.authz_deny_ttl_secs),
-            cfg.auth.authz_cache_size,
-        ),
-        anonymous: cfg.auth.anonymous,
-        audit: crate::audit::Auditor::start(&cfg.audit).map_err(Error::Audit)?,
-        watch_limits: crate::limits::WatchLimits::new(
-            cfg.server.max_watches,
-            cfg.server.max_watches_per_user,
-        ),
-        proxy,
-        cache: cfg.cache.clone(),
-        server: cfg.server.clone(),
-    });
     let admin = web::Data::new(Admin {
         health: health.clone(),
         metrics,
@@ -199,6 +198,10 @@ pub async fn run(
     // algorithm and the client's delayed ACK hold them up to ~40 ms (Go, and so the API
     // server, sets it by default).
     .tcp_nodelay(true)
+    // A client that closed its connection is gone, as Go's server (so the API server)
+    // takes it: without this, a quiet proxied watch whose client left would hold its
+    // upstream connection and its proxy slot until the next upstream event.
+    .h1_allow_half_closed(false)
     .shutdown_timeout(grace.as_secs());
     if cfg.server.workers > 0 {
         server = server.workers(cfg.server.workers);
@@ -233,6 +236,30 @@ pub async fn run(
     let _ = server.await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Discovery of the cached resources, and whether the API server accepts a request with
+/// no credentials (`--anonymous-auth`): a 401 to one says it does not; any other answer
+/// (a 403 for lack of RBAC, or a 200) says it does.
+async fn start_up(
+    client: &kube::Client,
+    anonymous: &kube::Client,
+    wanted: &[kcache_actors::core::key::ResourceType],
+) -> Result<(crate::discovery::Resources, bool), Box<dyn std::error::Error + Send + Sync>> {
+    let resources = crate::discovery::resolve(client, wanted).await?;
+    let req = http::Request::get("/api").body(kube::client::Body::empty())?;
+    let status = anonymous.send(req).await?.status();
+    if status.is_server_error() {
+        return Err(format!("probing anonymous access: the API server answered {status}").into());
+    }
+    Ok((resources, status != http::StatusCode::UNAUTHORIZED))
+}
+
+/// A client with the upstream's address and TLS settings but no credentials.
+fn anonymous_client(config: &kube::Config) -> Result<kube::Client> {
+    let mut config = config.clone();
+    config.auth_info = Default::default();
+    kube::Client::try_from(config).map_err(Error::UpstreamClient)
 }
 
 struct Admin {

@@ -47,8 +47,9 @@ impl Interest {
                 .filter(|(r, (_, seen))| {
                     Some(r.as_str()) != except && now_ms.saturating_sub(*seen) <= ttl_ms
                 })
-                .map(|(_, (n, _))| n)
-                .sum()
+                // Refcounts come from other replicas over NATS: a bogus one must not
+                // overflow (a panic in a debug build, a wrapped total in release).
+                .fold(0u64, |sum, (_, (n, _))| sum.saturating_add(*n))
         })
     }
 
@@ -82,5 +83,15 @@ mod tests {
         i.expire(5_000, 1_000);
         assert_eq!(i.total("j", 0, 10_000), 0);
         assert_eq!(i.total("missing", 0, 1), 0);
+    }
+
+    #[test]
+    fn refcounts_past_u64_saturate() {
+        // Found by fuzzing (actors/tests/fuzz_parsers.rs): the sum overflowed.
+        let mut i = Interest::default();
+        i.record("a", "t", u64::MAX, 0);
+        i.record("b", "t", 2, 0);
+        assert_eq!(i.total("t", 0, 10), u64::MAX);
+        assert_eq!(i.others("t", "a", 0, 10), 2);
     }
 }

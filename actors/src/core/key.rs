@@ -46,24 +46,66 @@ impl ResourceType {
     /// `/api/v1` for core, else `/apis/group/version`.
     pub fn group_version_path(&self) -> String {
         if self.group.is_empty() {
-            format!("/api/{}", self.version)
+            format!("/api/{}", path_segment(&self.version))
         } else {
-            format!("/apis/{}/{}", self.group, self.version)
+            format!(
+                "/apis/{}/{}",
+                path_segment(&self.group),
+                path_segment(&self.version)
+            )
         }
     }
 
     /// The collection path, in a namespace when given and the resource is namespaced.
+    /// Every segment is escaped by [`path_segment`].
     pub fn collection_path(&self, namespace: Option<&str>) -> String {
         match namespace {
             Some(ns) if self.namespaced => format!(
                 "{}/namespaces/{}/{}",
                 self.group_version_path(),
-                ns,
-                self.resource
+                path_segment(ns),
+                path_segment(&self.resource)
             ),
-            _ => format!("{}/{}", self.group_version_path(), self.resource),
+            _ => format!(
+                "{}/{}",
+                self.group_version_path(),
+                path_segment(&self.resource)
+            ),
         }
     }
+}
+
+/// The characters left as they are in a path segment: RFC 3986 unreserved.
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// One path segment of an upstream URL, percent-encoded: the one function through which
+/// every namespace, resource, group and version kcache puts into a URL passes, so no
+/// segment can add a `/`, a `?` or a `#` to kcache's own request.
+/// `.` and `..` are encoded too: a client or proxy would otherwise resolve them as
+/// relative path steps.
+pub fn path_segment(s: &str) -> String {
+    match s {
+        "." => "%2E".to_string(),
+        ".." => "%2E%2E".to_string(),
+        _ => percent_encoding::utf8_percent_encode(s, SEGMENT).to_string(),
+    }
+}
+
+/// A field selector value escaped as the API server's `fields.EscapeValue`: `\`, `,` and
+/// `=` get a backslash.
+pub fn selector_value(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        if matches!(c, '\\' | ',' | '=') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// What part of a resource one key covers.
@@ -109,11 +151,12 @@ impl Key {
         self.resource.collection_path(self.namespace())
     }
 
-    /// The field selector sent upstream; `None` for namespace and cluster keys.
+    /// The field selector sent upstream; `None` for namespace and cluster keys. Values are
+    /// escaped as `fields.EscapeValue` does, so a name can never add a term.
     pub fn upstream_field_selector(&self) -> Option<String> {
         match &self.scope {
-            Scope::Name { name, .. } => Some(format!("metadata.name={name}")),
-            Scope::Node(node) => Some(format!("spec.nodeName={node}")),
+            Scope::Name { name, .. } => Some(format!("metadata.name={}", selector_value(name))),
+            Scope::Node(node) => Some(format!("spec.nodeName={}", selector_value(node))),
             Scope::Cluster | Scope::Namespace(_) => None,
         }
     }
@@ -314,6 +357,47 @@ mod tests {
         let k = route(&secrets(), Some("a"), None, &fs(""));
         assert_eq!(k.upstream_field_selector(), None);
         assert!(!k.may_hold_immutable());
+    }
+
+    #[test]
+    fn every_upstream_segment_is_escaped() {
+        // A namespace that reached here unvalidated could not turn a ConfigMaps list into
+        // a Secrets list: it stays one segment.
+        let cm = Arc::new(ResourceType::new("", "v1", "configmaps", "ConfigMap", true));
+        assert_eq!(
+            cm.collection_path(Some("kube-system/secrets?x=")),
+            "/api/v1/namespaces/kube-system%2Fsecrets%3Fx%3D/configmaps"
+        );
+        assert_eq!(
+            cm.collection_path(Some("..")),
+            "/api/v1/namespaces/%2E%2E/configmaps"
+        );
+        assert_eq!(path_segment("."), "%2E");
+        assert_eq!(path_segment("a b#c%d"), "a%20b%23c%25d");
+        assert_eq!(path_segment("ok-name_1.x~"), "ok-name_1.x~");
+    }
+
+    #[test]
+    fn selector_values_cannot_add_terms() {
+        assert_eq!(
+            selector_value("a,metadata.namespace=b"),
+            "a\\,metadata.namespace\\=b"
+        );
+        assert_eq!(selector_value("x\\y"), "x\\\\y");
+        let k = route(
+            &secrets(),
+            Some("n"),
+            Some("a,b=c"),
+            &FieldSelector::default(),
+        );
+        assert_eq!(
+            k.upstream_field_selector().as_deref(),
+            Some("metadata.name=a\\,b\\=c")
+        );
+        // The escaped selector parses back to the one name.
+        let parsed =
+            FieldSelector::parse(&k.upstream_field_selector().unwrap_or_default()).expect("parses");
+        assert_eq!(parsed.equality_value("metadata.name"), Some("a,b=c"));
     }
 
     #[test]

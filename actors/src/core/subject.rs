@@ -12,6 +12,11 @@ use crate::core::key::{Key, Scope};
 /// The placeholder token for an absent part.
 pub const NONE: &str = "_";
 
+/// Whether [`escape`] leaves a byte as it is.
+fn literal(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'-'
+}
+
 /// Escapes one token: `[A-Za-z0-9-]` stays, every other byte becomes `=XX`.
 pub fn escape(s: &str) -> String {
     if s.is_empty() {
@@ -19,7 +24,7 @@ pub fn escape(s: &str) -> String {
     }
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b == b'-' {
+        if literal(b) {
             out.push(b as char);
         } else {
             out.push_str(&format!("={b:02X}"));
@@ -29,9 +34,16 @@ pub fn escape(s: &str) -> String {
 }
 
 /// Reverses [`escape`]; `None` for a malformed token. `_` is the empty string.
+///
+/// Only what `escape` writes is accepted (upper-case hex, no escaped literal, no empty
+/// token): each string then has exactly one token, so an outside subscriber reading a
+/// subject gets the key whose subject it is, and two subjects never name one key.
 pub fn unescape(token: &str) -> Option<String> {
     if token == NONE {
         return Some(String::new());
+    }
+    if token.is_empty() {
+        return None;
     }
     let bytes = token.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -39,11 +51,15 @@ pub fn unescape(token: &str) -> Option<String> {
     while i < bytes.len() {
         match bytes[i] {
             b'=' => {
-                let hex = token.get(i + 1..i + 3)?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
+                let (hi, lo) = (hex(*bytes.get(i + 1)?)?, hex(*bytes.get(i + 2)?)?);
+                let b = hi << 4 | lo;
+                if literal(b) {
+                    return None;
+                }
+                out.push(b);
                 i += 3;
             }
-            b if b.is_ascii_alphanumeric() || b == b'-' => {
+            b if literal(b) => {
                 out.push(b);
                 i += 1;
             }
@@ -51,6 +67,15 @@ pub fn unescape(token: &str) -> Option<String> {
         }
     }
     String::from_utf8(out).ok()
+}
+
+/// One upper-case hex digit (`u8::from_str_radix` would also take `+` and lower case).
+fn hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
 }
 
 /// The six escaped tokens of a key, joined by dots.
@@ -189,6 +214,42 @@ mod tests {
         assert_eq!(unescape("=2"), None);
         assert_eq!(unescape("a.b"), None);
         assert_eq!(unescape("=ZZ"), None);
+    }
+
+    #[test]
+    fn only_the_tokens_escape_writes_are_unescaped() {
+        // Each of these was accepted and decoded to a string whose own token is another,
+        // so two subjects could name one key. Fuzzing (actors/tests/fuzz_parsers.rs)
+        // found the empty token (`a..b`; the empty string's token is `_`); the others
+        // are the same flaw in the hex escapes.
+        for t in [
+            "",    // the empty string is `_`
+            "=+F", // `from_str_radix` takes a sign: "\x0f"
+            "=2e", // lower case: "."
+            "=41", // an escaped literal: "A"
+            "=2D", // "-"
+        ] {
+            assert_eq!(unescape(t), None, "{t:?}");
+        }
+        // Malformed escapes stay refused.
+        for t in ["a=2", "=", "=\u{e9}A", "=C3"] {
+            assert_eq!(unescape(t), None, "{t:?}");
+        }
+        assert_eq!(parse_key_token("....all.all"), None);
+        assert_eq!(
+            parse_key_token("_._._._.all._"),
+            Some(ParsedKey {
+                group: String::new(),
+                version: String::new(),
+                resource: String::new(),
+                namespace: None,
+                scope: "all".into(),
+                value: None,
+            })
+        );
+        assert_eq!(unescape("=5F").as_deref(), Some("_"));
+        assert_eq!(unescape("=3D=2E").as_deref(), Some("=."));
+        assert_eq!(unescape("=C3=BC").as_deref(), Some("ü"));
     }
 
     #[test]

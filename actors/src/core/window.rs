@@ -57,6 +57,31 @@ impl Window {
         self.evicted_since_list = false;
     }
 
+    /// The buffered events, oldest first.
+    pub fn events(&self) -> impl DoubleEndedIterator<Item = &StoreEvent> {
+        self.events.iter().map(|e| e.as_ref())
+    }
+
+    /// The window holds every event since its list: nothing was evicted. Only then can
+    /// the state at the list RV be recovered, and the window extended back.
+    pub fn complete_since_list(&self) -> bool {
+        !self.evicted_since_list
+    }
+
+    /// The RV the window is complete after (its last list), while nothing was evicted.
+    pub fn list_rv(&self) -> u64 {
+        self.list_rv
+    }
+
+    /// Moves the window's start back to `rv`: the caller proved that nothing happened to
+    /// the key between `rv` and the list RV (`relist::unchanged_since`). Ignored when
+    /// something was evicted, or `rv` is not older.
+    pub fn extend_back(&mut self, rv: u64) {
+        if !self.evicted_since_list && rv < self.list_rv {
+            self.list_rv = rv;
+        }
+    }
+
     /// Appends an event, evicting the oldest when full.
     pub fn push(&mut self, ev: Arc<StoreEvent>) {
         if self.events.len() == self.capacity {
@@ -87,6 +112,23 @@ impl Window {
                 Ok(self.events.range(first..).cloned().collect())
             }
         }
+    }
+
+    /// Every event after sequence number `seq`, when the window holds all of them: `seq`
+    /// is where a watcher's initial events or replay ended, `current` the key's latest
+    /// sequence number. `None` when some were evicted, or dispatched without entering the
+    /// window: the watcher cannot continue without a gap.
+    pub fn since_seq(&self, seq: u64, current: u64) -> Option<Vec<Arc<StoreEvent>>> {
+        if seq >= current {
+            return Some(Vec::new());
+        }
+        let front = self.events.front()?;
+        let back = self.events.back()?;
+        if front.seq > seq + 1 || back.seq != current {
+            return None;
+        }
+        let first = self.events.partition_point(|e| e.seq <= seq);
+        Some(self.events.range(first..).cloned().collect())
     }
 }
 
@@ -130,6 +172,49 @@ mod tests {
                 oldest: 11
             }
         );
+    }
+
+    #[test]
+    fn since_seq_continues_a_watcher_only_without_a_gap() {
+        let mut w = Window::new(3);
+        w.reset(10);
+        // Nothing happened since the watcher's start.
+        assert_eq!(w.since_seq(0, 0).map(|v| v.len()), Some(0));
+        w.push(ev(1, 12));
+        w.push(ev(2, 15));
+        assert_eq!(w.since_seq(0, 2).map(|v| rvs(&v)), Some(vec![12, 15]));
+        assert_eq!(w.since_seq(1, 2).map(|v| rvs(&v)), Some(vec![15]));
+        assert_eq!(w.since_seq(2, 2).map(|v| rvs(&v)), Some(vec![]));
+        // Evicted: seq 1 is gone, a watcher at 0 cannot continue.
+        w.push(ev(3, 16));
+        w.push(ev(4, 17));
+        assert!(w.since_seq(0, 4).is_none());
+        assert_eq!(w.since_seq(1, 4).map(|v| rvs(&v)), Some(vec![15, 16, 17]));
+        // Dispatched without entering the window (seq 5): nobody before it continues.
+        assert!(w.since_seq(3, 5).is_none());
+        // A relist emptied the window after events the watcher did not see.
+        w.reset(30);
+        assert!(w.since_seq(4, 6).is_none());
+    }
+
+    #[test]
+    fn a_complete_window_extends_back() {
+        let mut w = Window::new(2);
+        w.reset(20);
+        assert!(w.since(10).is_err());
+        w.extend_back(10);
+        assert_eq!(w.oldest_replayable(), 11);
+        assert!(w.since(10).is_ok());
+        // Never forward.
+        w.extend_back(15);
+        assert_eq!(w.oldest_replayable(), 11);
+        // Not once something was evicted.
+        w.push(ev(1, 21));
+        w.push(ev(2, 22));
+        w.push(ev(3, 23));
+        assert!(!w.complete_since_list());
+        w.extend_back(5);
+        assert_eq!(w.oldest_replayable(), 22);
     }
 
     #[test]
