@@ -155,11 +155,19 @@ pub struct TestCluster {
     etcd_url: String,
     etcd: Option<Child>,
     apiserver: Option<Child>,
+    /// Extra kube-apiserver flags ([`TestCluster::start_with_args`]).
+    extra_args: Vec<String>,
 }
 
 impl TestCluster {
     /// Starts etcd and kube-apiserver on free ports and waits until `/readyz` answers 200.
     pub async fn start() -> TestCluster {
+        Self::start_with_args(&[]).await
+    }
+
+    /// As [`TestCluster::start`], with extra kube-apiserver flags (e.g.
+    /// `--anonymous-auth=false`).
+    pub async fn start_with_args(args: &[&str]) -> TestCluster {
         let bin = bin_dir();
         for exe in ["etcd", "kube-apiserver"] {
             assert!(
@@ -189,6 +197,7 @@ impl TestCluster {
             etcd_url: format!("http://127.0.0.1:{etcd_port}"),
             etcd: None,
             apiserver: None,
+            extra_args: args.iter().map(|a| a.to_string()).collect(),
             dir,
         };
         // From here on a panic drops `cluster`, which kills whatever was started.
@@ -401,6 +410,7 @@ impl TestCluster {
                 path("sa.key")
             ))
             .arg("--service-cluster-ip-range=10.0.0.0/24")
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone apiserver.log handle"))
             .stderr(log)
