@@ -411,6 +411,12 @@ impl CachedObject {
                     Waiter::Watch(sub) => sub.addr.do_send(watcher::Failed { error: err }),
                 }
             } else {
+                let mut p = p;
+                if self.synced {
+                    // A read that waited for the first sync now waits only as long as
+                    // any read of a future RV (the API server's 3 s), not the sync's.
+                    p.deadline = p.deadline.min(now + self.cfg.block_timeout());
+                }
                 wants_probe |= self.synced;
                 self.pending.push(p);
             }

@@ -18,6 +18,7 @@ pub const EXPIRED_WATCHES: &str = "kcache_watch_expired_total";
 pub const PROBES: &str = "kcache_upstream_probes_total";
 pub const WINDOW_BACKFILLS: &str = "kcache_window_backfills_total";
 pub const KEYS_REFUSED: &str = "kcache_keys_refused_total";
+pub const CACHE_BYPASSED: &str = "kcache_cache_bypassed_total";
 
 /// Describes every metric once, so `/metrics` carries HELP lines.
 pub fn describe() {
@@ -69,6 +70,10 @@ pub fn describe() {
     describe_counter!(
         KEYS_REFUSED,
         "Requests that would have created a key past cache.max_keys or cache.max_keys_per_user (reads proxied, watches 429)."
+    );
+    describe_counter!(
+        CACHE_BYPASSED,
+        "GETs of cached resources proxied because kcache cannot answer them as the API server would, by reason (query, accept, selector, name, rv, key_budget, not_ready)."
     );
 }
 

@@ -187,7 +187,7 @@ proptest! {
     fn field_selectors_never_panic(s in selectorish()) {
         if let Ok(sel) = FieldSelector::parse(&s) {
             prop_assert!(sel.requirements().len() <= MAX_REQUIREMENTS);
-            let _ = sel.validate_for("", "pods");
+            let _ = sel.validate_for("", "pods", true);
             let _ = sel.matches(&json!({"metadata": {"name": "a"}, "spec": {"nodeName": "n"}}));
         }
     }

@@ -28,7 +28,7 @@ use crate::limits::WatchLimits;
 use crate::proxy::Proxy;
 use crate::request::{is_keyable_name, parse_path, parse_query, Query, ResourcePath};
 use crate::status::ApiError;
-use crate::table::{self, IncludeObject, TableVersion};
+use crate::table::{self, IncludeObject, Negotiated, TableVersion};
 
 /// Shared by every HTTP worker.
 pub struct ApiState {
@@ -51,8 +51,9 @@ pub struct ApiState {
 /// What a cache-served request turned out to need.
 enum Served {
     Response(HttpResponse),
-    /// Not the cache's to answer (a consistent read, paging, a key that cannot sync): proxy it.
-    Forward,
+    /// Not the cache's to answer (a consistent read, paging, a key that cannot sync): proxy
+    /// it. The reason labels `kcache_cache_bypassed_total`.
+    Forward(&'static str),
 }
 
 pub async fn handle(
@@ -80,42 +81,27 @@ pub async fn handle(
                 let received = std::time::SystemTime::now();
                 // One parse of the query, used to authorize and then to serve.
                 let q = parse_query(req.query_string());
-                let user = identify(&req, &state).await?;
-                let attrs = resource_attributes(&rp, &q);
-                let decision = check(&state, &user, &attrs).await;
-                let served = match (&decision, &q.invalid) {
-                    (Err(e), _) | (Ok(()), Some(e)) => Err(e.clone()),
-                    (Ok(()), None) => serve_cached(&req, &state, &rp, &q, &user, resource).await,
+                let accept = req
+                    .headers()
+                    .get("accept")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                let table = match (q.opaque, table::negotiate(accept)) {
+                    (true, _) => Err("query"),
+                    (false, Negotiated::Forward) => Err("accept"),
+                    (false, Negotiated::Json) => Ok(None),
+                    (false, Negotiated::Table(v)) => Ok(Some(v)),
                 };
-                if !matches!(served, Ok(Served::Forward)) {
-                    let (allowed, reason) = match &decision {
-                        Ok(()) => (true, ""),
-                        Err(e) => (false, e.message.as_str()),
-                    };
-                    state.audit.record(crate::audit::Record {
-                        user: &user,
-                        attrs: &attrs,
-                        request_uri: req
-                            .uri()
-                            .path_and_query()
-                            .map_or(req.path(), |pq| pq.as_str()),
-                        source_ip: req.peer_addr().map(|a| a.ip().to_string()),
-                        user_agent: req
-                            .headers()
-                            .get("user-agent")
-                            .and_then(|v| v.to_str().ok()),
-                        allowed,
-                        reason,
-                        code: match &served {
-                            Ok(Served::Response(r)) => r.status().as_u16(),
-                            Err(e) => e.code,
-                            Ok(Served::Forward) => 0,
-                        },
-                        received,
-                    });
-                }
-                if let Served::Response(r) = served? {
-                    return Ok(r);
+                match table {
+                    Ok(table) => {
+                        if let Some(r) =
+                            serve_or_forward(&req, &state, &rp, &q, table, resource, received)
+                                .await?
+                        {
+                            return Ok(r);
+                        }
+                    }
+                    Err(reason) => bypassed(&resource, reason),
                 }
             }
         }
@@ -125,6 +111,71 @@ pub async fn handle(
         // user, or not at all.
         (Some(user), false) => state.proxy.forward_as(&req, body, &user).await,
         _ => state.proxy.forward(&req, body).await,
+    }
+}
+
+/// Counts a GET of a cached resource that goes upstream instead, by why.
+fn bypassed(resource: &ResourceType, reason: &'static str) {
+    metrics::counter!(
+        kcache_actors::metrics::CACHE_BYPASSED,
+        "group" => resource.group.clone(),
+        "resource" => resource.resource.clone(),
+        "reason" => reason,
+    )
+    .increment(1);
+}
+
+/// Authenticates, authorizes, serves from the cache and audits; `None` when the request
+/// turned out to be the API server's to answer.
+async fn serve_or_forward(
+    req: &HttpRequest,
+    state: &ApiState,
+    rp: &ResourcePath,
+    q: &Query,
+    table: Option<TableVersion>,
+    resource: Arc<ResourceType>,
+    received: SystemTime,
+) -> Result<Option<HttpResponse>, ApiError> {
+    let user = identify(req, state).await?;
+    let attrs = resource_attributes(rp, q);
+    let decision = check(state, &user, &attrs).await;
+    let served = match &decision {
+        Err(e) => Err(e.clone()),
+        Ok(()) => serve_cached(state, rp, q, &user, table, resource.clone()).await,
+    };
+    if !matches!(served, Ok(Served::Forward(_))) {
+        let (allowed, reason) = match &decision {
+            Ok(()) => (true, ""),
+            Err(e) => (false, e.message.as_str()),
+        };
+        state.audit.record(crate::audit::Record {
+            user: &user,
+            attrs: &attrs,
+            request_uri: req
+                .uri()
+                .path_and_query()
+                .map_or(req.path(), |pq| pq.as_str()),
+            source_ip: req.peer_addr().map(|a| a.ip().to_string()),
+            user_agent: req
+                .headers()
+                .get("user-agent")
+                .and_then(|v| v.to_str().ok()),
+            allowed,
+            reason,
+            code: match &served {
+                Ok(Served::Response(r)) => r.status().as_u16(),
+                Err(e) => e.code,
+                Ok(Served::Forward(_)) => 0,
+            },
+            received,
+        });
+    }
+    match served? {
+        Served::Response(r) => Ok(Some(r)),
+        Served::Forward(reason) => {
+            bypassed(&resource, reason);
+            Ok(None)
+        }
     }
 }
 
@@ -196,20 +247,26 @@ pub async fn check(state: &ApiState, user: &UserInfo, attrs: &Attributes) -> Res
     }
 }
 
-/// The request's attributes as the API server's request-info derives them: verb from the
-/// method, name and `watch`; for list/watch, the name of a `metadata.name` field selector.
+/// The request's attributes as the API server's request-info derives them: a path with a
+/// name is a `get` (whatever `watch` says); without one, `watch` or `list`, named by a
+/// `metadata.name` field selector when the query decodes as `ListOptions` and the name is
+/// a valid path segment.
 fn resource_attributes(rp: &ResourcePath, q: &Query) -> Attributes {
-    let verb = if q.watch {
-        "watch"
-    } else if rp.name.is_some() {
+    let verb = if rp.name.is_some() {
         "get"
+    } else if q.watch() {
+        "watch"
     } else {
         "list"
     };
     let name = rp.name.clone().unwrap_or_else(|| {
+        if !q.list_options_decode() {
+            return String::new();
+        }
         FieldSelector::parse(&q.field_selector)
             .ok()
             .and_then(|f| f.equality_value("metadata.name").map(str::to_string))
+            .filter(|n| is_valid_path_segment(n))
             .unwrap_or_default()
     });
     Attributes::Resource {
@@ -223,61 +280,81 @@ fn resource_attributes(rp: &ResourcePath, q: &Query) -> Attributes {
     }
 }
 
+/// The API server's `IsValidPathSegmentName`.
+fn is_valid_path_segment(s: &str) -> bool {
+    s != "." && s != ".." && !s.contains('/') && !s.contains('%')
+}
+
 async fn serve_cached(
-    req: &HttpRequest,
     state: &ApiState,
     rp: &ResourcePath,
     q: &Query,
     user: &UserInfo,
+    table: Option<TableVersion>,
     resource: Arc<ResourceType>,
 ) -> Result<Served, ApiError> {
-    let accept = req
-        .headers()
-        .get("accept")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if !table::accepts_json(accept) {
-        return Err(ApiError::not_acceptable(
-            "only application/json (and Table as JSON) can be served; protobuf is not supported by kcache",
-        ));
-    }
-    let table = table::table_version(accept);
-    let label = LabelSelector::parse(&q.label_selector)
-        .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?;
-    let field = FieldSelector::parse(&q.field_selector)
-        .map_err(|e| ApiError::bad_request(format!("invalid field selector: {e}")))?;
-    field
-        .validate_for(&resource.group, &resource.resource)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let include = IncludeObject::parse(q.include_object.as_deref())
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    // A selector value becomes a key (an upstream selector, a NATS subject): only names
-    // kcache can carry verbatim; others are for the API server to answer.
-    if ["metadata.name", "spec.nodeName"]
-        .iter()
-        .filter_map(|f| field.equality_value(f))
-        .any(|v| !is_keyable_name(v))
-    {
-        return Ok(Served::Forward);
-    }
+    // Only a Table reads includeObject; any other answer ignores it, as upstream.
+    let include = match table {
+        Some(_) => IncludeObject::parse(q.include_object.as_deref())
+            .map_err(|e| ApiError::bad_request(e.to_string()))?,
+        None => IncludeObject::default(),
+    };
     let namespace = rp.namespace.as_deref().filter(|_| resource.namespaced);
-    let key = route(&resource, namespace, rp.name.as_deref(), &field);
-    let field = match key.implied_field() {
-        Some((name, value)) => field.without_equality(name, value),
-        None => field,
+    let Some(name) = &rp.name else {
+        return list_or_watch(state, q, user, table, include, namespace, resource).await;
     };
-    let filter = Filter::new(label, field);
-    if q.watch {
-        let permit = state.watch_limits.admit(&user.username)?;
-        return watch(state, q, user, key, filter, table, include, permit)
-            .await
-            .map(Served::Response);
-    }
-    let plan = plan_list(q.rv()?, q.rv_match()?, q.limit, q.continue_token.is_some())
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // A GET by name decodes only `resourceVersion` (GetOptions): selectors, limits, watch
+    // and resourceVersionMatch are ignored, as upstream.
+    let plan =
+        plan_list(q.rv()?, None, None, false).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let ListPlan::Cache { min_rv } = plan else {
-        return Ok(Served::Forward);
+        return Ok(Served::Forward("rv"));
     };
+    let key = route(
+        &resource,
+        namespace,
+        Some(name),
+        &FieldSelector::everything(),
+    );
+    let snap = match read(state, user, key, min_rv).await? {
+        Ok(snap) => snap,
+        Err(reason) => return Ok(Served::Forward(reason)),
+    };
+    let obj = snap.objects.iter().find(|o| {
+        o.pointer("/metadata/name").and_then(Value::as_str) == Some(name.as_str())
+            && (namespace.is_none()
+                || o.pointer("/metadata/namespace").and_then(Value::as_str) == namespace)
+    });
+    let Some(obj) = obj else {
+        return Err(ApiError::not_found(
+            &resource.group,
+            &resource.resource,
+            name,
+        ));
+    };
+    let body = match table {
+        Some(v) => table::to_table(
+            v,
+            &resource.group,
+            &resource.resource,
+            &[obj.as_ref()],
+            json!({ "resourceVersion": snap.rv.to_string() }),
+            include,
+            now_secs(),
+        ),
+        None => obj.as_ref().clone(),
+    };
+    Ok(Served::Response(json_response(&body)))
+}
+
+/// A snapshot of `key` at `min_rv` or later, holding the key for the grace period; `Err`
+/// with the reason when the API server should answer instead.
+async fn read(
+    state: &ApiState,
+    user: &UserInfo,
+    key: kcache_actors::core::key::Key,
+    min_rv: u64,
+) -> Result<Result<cached_object::Snapshot, &'static str>, ApiError> {
     let held = state
         .registry
         .send(Hold {
@@ -292,49 +369,76 @@ async fn serve_cached(
         // Past the key budget: the API server answers reads as well as the cache would.
         Err(e) => {
             tracing::debug!(error = %e, "no new key; forwarding upstream");
-            return Ok(Served::Forward);
+            return Ok(Err("key_budget"));
         }
     };
-    let snap = match cached.send(Read { min_rv }).await {
-        Ok(Ok(snap)) => snap,
+    match cached.send(Read { min_rv }).await {
+        Ok(Ok(snap)) => Ok(Ok(snap)),
         Ok(Err(cached_object::Error::TooLargeResourceVersion { requested, current })) => {
-            return Err(ApiError::too_large_resource_version(requested, current))
+            Err(ApiError::too_large_resource_version(requested, current))
         }
         // Not synced in time, or stopping: the API server can still answer.
         Ok(Err(e)) => {
             tracing::info!(error = %e, "cache cannot answer; forwarding upstream");
-            return Ok(Served::Forward);
+            Ok(Err("not_ready"))
         }
-        Err(_) => return Ok(Served::Forward),
+        Err(_) => Ok(Err("not_ready")),
+    }
+}
+
+/// A list or watch: the query decodes as the API server's `ListOptions`.
+async fn list_or_watch(
+    state: &ApiState,
+    q: &Query,
+    user: &UserInfo,
+    table: Option<TableVersion>,
+    include: IncludeObject,
+    namespace: Option<&str>,
+    resource: Arc<ResourceType>,
+) -> Result<Served, ApiError> {
+    let label = LabelSelector::parse(&q.label_selector)
+        .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?;
+    let field = FieldSelector::parse(&q.field_selector)
+        .map_err(|e| ApiError::bad_request(format!("invalid field selector: {e}")))?;
+    let limit = q.limit()?;
+    let timeout = q.timeout_seconds()?;
+    let servable = field
+        .validate_for(&resource.group, &resource.resource, resource.namespaced)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    if !servable {
+        return Ok(Served::Forward("selector"));
+    }
+    // A selector value becomes a key (an upstream selector, a NATS subject): only names
+    // kcache can carry verbatim; others are for the API server to answer.
+    if ["metadata.name", "spec.nodeName"]
+        .iter()
+        .filter_map(|f| field.equality_value(f))
+        .any(|v| !is_keyable_name(v))
+    {
+        return Ok(Served::Forward("name"));
+    }
+    let key = route(&resource, namespace, None, &field);
+    let field = match key.implied_field() {
+        Some((name, value)) => field.without_equality(name, value),
+        None => field,
+    };
+    let filter = Filter::new(label, field);
+    if q.watch() {
+        let permit = state.watch_limits.admit(&user.username)?;
+        return watch(state, q, timeout, user, key, filter, table, include, permit)
+            .await
+            .map(Served::Response);
+    }
+    let plan = plan_list(q.rv()?, q.rv_match()?, limit, q.continue_token.is_some())
+        .map_err(ApiError::invalid_list_options)?;
+    let ListPlan::Cache { min_rv } = plan else {
+        return Ok(Served::Forward("rv"));
+    };
+    let snap = match read(state, user, key, min_rv).await? {
+        Ok(snap) => snap,
+        Err(reason) => return Ok(Served::Forward(reason)),
     };
     let list_meta = json!({ "resourceVersion": snap.rv.to_string() });
-    if let Some(name) = &rp.name {
-        let obj = snap.objects.iter().find(|o| {
-            o.pointer("/metadata/name").and_then(Value::as_str) == Some(name.as_str())
-                && (namespace.is_none()
-                    || o.pointer("/metadata/namespace").and_then(Value::as_str) == namespace)
-        });
-        let Some(obj) = obj else {
-            return Err(ApiError::not_found(
-                &resource.group,
-                &resource.resource,
-                name,
-            ));
-        };
-        let body = match table {
-            Some(v) => table::to_table(
-                v,
-                &resource.group,
-                &resource.resource,
-                &[obj.as_ref()],
-                list_meta,
-                include,
-                now_secs(),
-            ),
-            None => obj.as_ref().clone(),
-        };
-        return Ok(Served::Response(json_response(&body)));
-    }
     let items: Vec<&Value> = snap
         .objects
         .iter()
@@ -365,6 +469,7 @@ async fn serve_cached(
 async fn watch(
     state: &ApiState,
     q: &Query,
+    timeout_seconds: Option<i64>,
     user: &UserInfo,
     key: kcache_actors::core::key::Key,
     filter: Filter,
@@ -375,16 +480,20 @@ async fn watch(
     let plan = plan_watch(
         q.rv()?,
         q.rv_match()?,
-        q.send_initial_events,
-        q.allow_watch_bookmarks,
+        q.send_initial_events(),
+        q.allow_watch_bookmarks(),
     )
-    .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    // As the API server: the client's timeoutSeconds, else --min-request-timeout × [1, 2).
-    let timeout = match q.timeout_seconds {
-        Some(s) => Duration::from_secs(s),
-        None => Duration::from_secs_f64(
+    .map_err(ApiError::invalid_list_options)?;
+    // As the API server: `time.Duration(timeoutSeconds) * time.Second`, in Go's wrapping
+    // int64 nanoseconds; zero (or absent) is --min-request-timeout × [1, 2), and a
+    // negative one ends the watch at once (a Go timer fires at once for it).
+    let nanos = timeout_seconds.unwrap_or(0).wrapping_mul(1_000_000_000);
+    let timeout = match nanos {
+        0 => Duration::from_secs_f64(
             state.server.min_request_timeout_secs as f64 * (1.0 + rand::random::<f64>()),
         ),
+        n if n < 0 => Duration::ZERO,
+        n => Duration::from_nanos(n.unsigned_abs()),
     };
     let encoder = match table {
         None => Encoder::Json,
@@ -411,7 +520,7 @@ async fn watch(
     let (tx, rx) = kcache_actors::body::channel(state.cache.watcher_buffer);
     let registry = state.registry.clone();
     let mailbox = state.cache.watcher_buffer.max(16);
-    let allow_bookmarks = q.allow_watch_bookmarks;
+    let allow_bookmarks = q.allow_watch_bookmarks();
     let keepalive = Duration::from_secs(state.cache.watch_keepalive_secs);
     // Take the reference first: a key the user may not start is a 429 (the watch was not
     // accepted), as a watch past the watch caps. The watcher releases it when it stops.

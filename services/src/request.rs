@@ -2,7 +2,7 @@
 //! and its query with the first value winning for a repeated parameter (Go's
 //! `url.Values.Get`), so what is validated is exactly what is served.
 
-use kcache_actors::core::rv::{self, Rv, RvMatch};
+use kcache_actors::core::rv::{Rv, RvMatch};
 use percent_encoding::percent_decode_str;
 
 use crate::status::ApiError;
@@ -124,90 +124,195 @@ pub fn is_keyable_name(s: &str) -> bool {
         })
 }
 
-/// The list/watch query parameters kcache acts on.
+/// The query parameters kcache acts on, each as its first raw value (Go's
+/// `url.Values.Get`). They are converted where they are used, as the API server converts
+/// them: a GET by name decodes only `resourceVersion`, a list or watch its `ListOptions`.
 #[derive(Debug, Clone, Default)]
 pub struct Query {
-    pub watch: bool,
+    watch: Option<String>,
     pub resource_version: Option<String>,
     pub resource_version_match: Option<String>,
-    pub allow_watch_bookmarks: bool,
-    pub send_initial_events: Option<bool>,
-    pub timeout_seconds: Option<u64>,
+    allow_watch_bookmarks: Option<String>,
+    send_initial_events: Option<String>,
+    timeout_seconds: Option<String>,
     pub label_selector: String,
     pub field_selector: String,
-    pub limit: Option<u64>,
+    limit: Option<String>,
     pub continue_token: Option<String>,
     pub include_object: Option<String>,
-    /// The first malformed parameter. Parsing never stops at it, so the request can be
-    /// authorized before it is validated (a forbidden request is a 403, not a 400).
-    pub invalid: Option<ApiError>,
+    /// kcache cannot be sure to read this query exactly as the API server does (a value
+    /// that is not UTF-8, a boolean that is not ASCII, an oversized query): the request is
+    /// proxied, and the API server answers it with the caller's own credentials.
+    pub opaque: bool,
 }
 
-/// Query strings longer than this are refused before parsing.
+/// Query strings longer than this are proxied without being read.
 pub const MAX_QUERY_BYTES: usize = 16 * 1024;
 
 fn invalid(name: &str, value: &str, why: &str) -> ApiError {
     ApiError::bad_request(format!("invalid value {value:?} for {name}: {why}"))
 }
 
+/// Splits a raw query as Go's `url.ParseQuery` (Go 1.17 and later), which the API server
+/// reads every request with: pairs are separated by `&` only; a pair containing `;`, or
+/// with a malformed percent escape, is dropped; `+` is a space. `None` when a kept key or
+/// value does not decode to UTF-8 (Go keeps such bytes; kcache cannot compare them).
+fn go_parse_query(q: &str) -> Option<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for pair in q.split('&') {
+        if pair.is_empty() || pair.contains(';') {
+            continue;
+        }
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let (Some(k), Some(v)) = (go_query_unescape(k), go_query_unescape(v)) else {
+            continue;
+        };
+        out.push((String::from_utf8(k).ok()?, String::from_utf8(v).ok()?));
+    }
+    Some(out)
+}
+
+/// Go's `url.QueryUnescape`: `None` for a `%` not followed by two hex digits.
+fn go_query_unescape(s: &str) -> Option<Vec<u8>> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = |c: u8| (c as char).to_digit(16);
+                let hi = b.get(i + 1).copied().and_then(hex)?;
+                let lo = b.get(i + 2).copied().and_then(hex)?;
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// A boolean parameter as the API server converts one (`Convert_Slice_string_To_bool`):
+/// absent is false; `0` and `false` in any case are false; anything else, the empty
+/// string included, is true. `None` for a value that is not ASCII, whose case folding
+/// kcache does not try to match.
+fn go_bool(v: Option<&str>) -> Option<bool> {
+    match v {
+        None => Some(false),
+        Some(v) if !v.is_ascii() => None,
+        Some(v) => Some(!(v == "0" || v.eq_ignore_ascii_case("false"))),
+    }
+}
+
+/// An integer parameter as the API server converts one (`strconv.ParseInt(v, 10, 64)`:
+/// an optional sign and decimal digits; empty is an error).
+fn go_int(name: &str, v: &str) -> Result<i64, ApiError> {
+    v.parse::<i64>()
+        .map_err(|_| invalid(name, v, "not a 64-bit decimal integer"))
+}
+
 pub fn parse_query(q: &str) -> Query {
     let mut out = Query::default();
     if q.len() > MAX_QUERY_BYTES {
-        out.invalid = Some(ApiError::new(
-            414,
-            "RequestURITooLong",
-            format!("query string longer than {MAX_QUERY_BYTES} bytes"),
-        ));
+        out.opaque = true;
         return out;
     }
-    let mut seen: Vec<String> = Vec::new();
-    for (k, v) in url::form_urlencoded::parse(q.as_bytes()) {
+    let Some(pairs) = go_parse_query(q) else {
+        out.opaque = true;
+        return out;
+    };
+    let mut seen: Vec<&str> = Vec::new();
+    for (k, v) in &pairs {
         // First value wins, as Go's url.Values.Get.
-        if seen.iter().any(|s| *s == k) {
+        if seen.contains(&k.as_str()) {
             continue;
         }
-        seen.push(k.to_string());
-        let v = v.as_ref();
-        if let Err(e) = out.set(k.as_ref(), v) {
-            out.invalid.get_or_insert(e);
+        seen.push(k);
+        let slot = match k.as_str() {
+            "watch" => &mut out.watch,
+            "resourceVersion" => &mut out.resource_version,
+            "resourceVersionMatch" => &mut out.resource_version_match,
+            "allowWatchBookmarks" => &mut out.allow_watch_bookmarks,
+            "sendInitialEvents" => &mut out.send_initial_events,
+            "timeoutSeconds" => &mut out.timeout_seconds,
+            "labelSelector" => {
+                out.label_selector = v.clone();
+                continue;
+            }
+            "fieldSelector" => {
+                out.field_selector = v.clone();
+                continue;
+            }
+            "limit" => &mut out.limit,
+            "continue" => &mut out.continue_token,
+            "includeObject" => &mut out.include_object,
+            _ => continue,
+        };
+        *slot = Some(v.clone());
+    }
+    for b in [
+        &out.watch,
+        &out.allow_watch_bookmarks,
+        &out.send_initial_events,
+    ] {
+        if go_bool(b.as_deref()).is_none() {
+            out.opaque = true;
         }
     }
+    out.continue_token = out.continue_token.filter(|c| !c.is_empty());
     out
 }
 
 impl Query {
-    fn set(&mut self, k: &str, v: &str) -> Result<(), ApiError> {
-        let out = self;
-        let bool_of = |name: &'static str| {
-            rv::parse_bool(name, Some(v)).map_err(|e| ApiError::bad_request(e.to_string()))
-        };
-        match k {
-            "watch" => out.watch = bool_of("watch")?.unwrap_or(false),
-            "resourceVersion" => out.resource_version = Some(v.to_string()),
-            "resourceVersionMatch" => out.resource_version_match = Some(v.to_string()),
-            "allowWatchBookmarks" => {
-                out.allow_watch_bookmarks = bool_of("allowWatchBookmarks")?.unwrap_or(false)
-            }
-            "sendInitialEvents" => out.send_initial_events = bool_of("sendInitialEvents")?,
-            "timeoutSeconds" => {
-                out.timeout_seconds = Some(
-                    v.parse()
-                        .map_err(|_| invalid("timeoutSeconds", v, "not a non-negative integer"))?,
-                )
-            }
-            "labelSelector" => out.label_selector = v.to_string(),
-            "fieldSelector" => out.field_selector = v.to_string(),
-            "limit" => {
-                out.limit = Some(
-                    v.parse()
-                        .map_err(|_| invalid("limit", v, "not a non-negative integer"))?,
-                )
-            }
-            "continue" => out.continue_token = Some(v.to_string()).filter(|c| !c.is_empty()),
-            "includeObject" => out.include_object = Some(v.to_string()),
-            _ => {}
+    /// `watch`, which turns a list into a watch (a GET by name ignores it).
+    pub fn watch(&self) -> bool {
+        go_bool(self.watch.as_deref()).unwrap_or(false)
+    }
+
+    pub fn allow_watch_bookmarks(&self) -> bool {
+        go_bool(self.allow_watch_bookmarks.as_deref()).unwrap_or(false)
+    }
+
+    /// `sendInitialEvents` when present. Kubernetes 1.20 has no such parameter; kcache
+    /// reads it as 1.27 and later do (streaming lists for kube-rs and client-go).
+    pub fn send_initial_events(&self) -> Option<bool> {
+        self.send_initial_events
+            .as_deref()
+            .map(|v| go_bool(Some(v)).unwrap_or(false))
+    }
+
+    /// `timeoutSeconds`; any 64-bit value is accepted, as upstream (what a negative or
+    /// zero one means is the watch's to decide).
+    pub fn timeout_seconds(&self) -> Result<Option<i64>, ApiError> {
+        self.timeout_seconds
+            .as_deref()
+            .map(|v| go_int("timeoutSeconds", v))
+            .transpose()
+    }
+
+    /// `limit`; zero or negative means no limit, as upstream.
+    pub fn limit(&self) -> Result<Option<u64>, ApiError> {
+        match self.limit.as_deref() {
+            None => Ok(None),
+            Some(v) => Ok(u64::try_from(go_int("limit", v)?).ok().filter(|l| *l > 0)),
         }
-        Ok(())
+    }
+
+    /// Whether the API server's `ListOptions` decoding of this query succeeds. When it
+    /// fails, its request-info ignores the query (no name from a field selector) and the
+    /// handler answers 400.
+    pub fn list_options_decode(&self) -> bool {
+        self.timeout_seconds().is_ok()
+            && self.limit().is_ok()
+            && kcache_actors::core::selector::LabelSelector::parse(&self.label_selector).is_ok()
+            && kcache_actors::core::selector::FieldSelector::parse(&self.field_selector).is_ok()
     }
 
     pub fn rv(&self) -> Result<Rv, ApiError> {
@@ -217,7 +322,7 @@ impl Query {
 
     pub fn rv_match(&self) -> Result<Option<RvMatch>, ApiError> {
         RvMatch::parse(self.resource_version_match.as_deref())
-            .map_err(|e| ApiError::bad_request(e.to_string()))
+            .map_err(ApiError::invalid_list_options)
     }
 }
 
@@ -368,43 +473,79 @@ mod tests {
         let q = parse_query(
             "fieldSelector=metadata.name%3Ds1&fieldSelector=metadata.name%3Ds2&watch=1",
         );
-        assert!(q.invalid.is_none());
+        assert!(!q.opaque);
         assert_eq!(q.field_selector, "metadata.name=s1");
-        assert!(q.watch);
+        assert!(q.watch());
         let q = parse_query("watch=true&watch=false");
-        assert!(q.watch);
+        assert!(q.watch());
+        // Keys are unescaped too.
+        assert!(parse_query("%77atch=1").watch());
     }
 
     #[test]
-    fn malformed_parameters_are_400s() {
-        for bad in [
-            "watch=yes",
-            "timeoutSeconds=-1",
-            "timeoutSeconds=x",
-            "limit=abc",
-            "allowWatchBookmarks=2",
+    fn pairs_are_split_and_dropped_as_go_does() {
+        // `;` is no separator: the whole pair is dropped (here: the field selector).
+        let q = parse_query("watch=1;fieldSelector=metadata.name%3Dx&limit=5");
+        assert!(!q.watch());
+        assert_eq!(q.field_selector, "");
+        assert_eq!(q.limit(), Ok(Some(5)));
+        // A malformed escape drops its pair only, so a later duplicate can win.
+        let q = parse_query("labelSelector=a%zz&labelSelector=b&watch=%");
+        assert_eq!(q.label_selector, "b");
+        assert!(!q.watch());
+        assert_eq!(parse_query("labelSelector=a+b").label_selector, "a b");
+        // Bytes that are not UTF-8: kcache does not read it.
+        assert!(parse_query("labelSelector=%ff").opaque);
+        assert!(parse_query(&"a".repeat(MAX_QUERY_BYTES + 1)).opaque);
+    }
+
+    #[test]
+    fn parameters_convert_as_the_api_server_converts_them() {
+        for (v, want) in [
+            ("", true),
+            ("1", true),
+            ("yes", true),
+            ("maybe", true),
+            ("0", false),
+            ("false", false),
+            ("FaLsE", false),
+            ("00", true),
         ] {
-            let e = parse_query(bad).invalid.expect(bad);
-            assert_eq!(e.code, 400, "{bad}");
+            assert_eq!(parse_query(&format!("watch={v}")).watch(), want, "{v:?}");
+            let q = parse_query(&format!("allowWatchBookmarks={v}"));
+            assert_eq!(q.allow_watch_bookmarks(), want, "{v:?}");
         }
-        // The first error is kept and later parameters are still parsed, so the request
-        // can be authorized before it is rejected.
-        let q = parse_query("watch=maybe&fieldSelector=metadata.name%3Dx&limit=x");
-        assert_eq!(q.field_selector, "metadata.name=x");
-        assert!(q
-            .invalid
-            .as_ref()
-            .is_some_and(|e| e.message.contains("watch")));
+        assert!(!parse_query("").watch());
+        assert_eq!(parse_query("").send_initial_events(), None);
         assert_eq!(
-            parse_query(&"a".repeat(MAX_QUERY_BYTES + 1))
-                .invalid
-                .expect("long")
-                .code,
-            414
+            parse_query("sendInitialEvents=").send_initial_events(),
+            Some(true)
         );
+        assert!(parse_query("watch=f%C3%A4lse").opaque);
+        // Any 64-bit integer; zero and negative limits mean no limit.
+        assert_eq!(parse_query("limit=-3").limit(), Ok(None));
+        assert_eq!(parse_query("limit=0").limit(), Ok(None));
+        assert_eq!(parse_query("limit=%2B7").limit(), Ok(Some(7)));
+        assert_eq!(
+            parse_query("timeoutSeconds=-4").timeout_seconds(),
+            Ok(Some(-4))
+        );
+        for bad in [
+            "limit=abc",
+            "limit=",
+            "timeoutSeconds=x",
+            "timeoutSeconds=1.5",
+        ] {
+            let q = parse_query(bad);
+            assert!(!q.list_options_decode(), "{bad}");
+            let e = q.limit().and(q.timeout_seconds().map(|_| None::<u8>));
+            assert_eq!(e.expect_err(bad).code, 400, "{bad}");
+        }
+        assert!(!parse_query("labelSelector=a%20in%20(").list_options_decode());
+        assert!(parse_query("labelSelector=a&watch=maybe").list_options_decode());
         let q = parse_query("resourceVersion=abc");
         assert_eq!(q.rv().expect_err("bad rv").code, 400);
         let q = parse_query("resourceVersion=5&resourceVersionMatch=Sometimes");
-        assert_eq!(q.rv_match().expect_err("bad match").code, 400);
+        assert_eq!(q.rv_match().expect_err("bad match").code, 422);
     }
 }

@@ -6,7 +6,7 @@ use actix_web::HttpResponse;
 use serde_json::{json, Value};
 
 /// A `Status` failure with the API server's reason for each code.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
     pub code: u16,
     pub reason: &'static str,
@@ -28,6 +28,18 @@ impl ApiError {
 
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, "BadRequest", message)
+    }
+
+    /// A query whose `ListOptions` fail the API server's validation
+    /// (`ValidateListOptions`): 422 Invalid, kind ListOptions.
+    pub fn invalid_list_options(message: impl std::fmt::Display) -> Self {
+        let mut e = Self::new(
+            422,
+            "Invalid",
+            format!("ListOptions.meta.k8s.io \"\" is invalid: {message}"),
+        );
+        e.details = Some(json!({"group": "meta.k8s.io", "kind": "ListOptions"}));
+        e
     }
 
     pub fn unauthorized() -> Self {

@@ -159,22 +159,55 @@ fn media_ranges(accept: &str) -> Vec<MediaRange<'_>> {
     ranges
 }
 
-/// Parse an HTTP Accept header: `Some(version)` when the first acceptable media range that
-/// kcache can serve is a Table (`application/json;as=Table;v=v1;g=meta.k8s.io` or v1beta1);
-/// `None` when plain JSON comes first (`application/json`, `*/*`, `application/*`, missing
-/// header) or nothing is servable (see [`accepts_json`]).
-pub fn table_version(accept: &str) -> Option<TableVersion> {
-    match media_ranges(accept).iter().find_map(MediaRange::servable) {
-        Some(Servable::Table(v)) => Some(v),
-        Some(Servable::Json) | None => None,
-    }
+/// What kcache does with a request's Accept header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Negotiated {
+    /// Plain JSON.
+    Json,
+    /// A Table, as JSON.
+    Table(TableVersion),
+    /// The API server would answer with something kcache does not produce: proxy it.
+    Forward,
 }
 
-/// False only when the header is present and allows neither JSON nor Table-as-JSON (e.g.
-/// only `application/vnd.kubernetes.protobuf`), so the caller can answer 406.
-pub fn accepts_json(accept: &str) -> bool {
+/// Reads an Accept header as the API server negotiates one: the most preferred media range
+/// it can answer wins. kcache answers only when that is JSON or a Table. A preferred
+/// encoding kcache lacks (protobuf, YAML) is passed over for a later JSON range, since it
+/// would carry the same answer; anything else the API server may answer differently
+/// (`as=PartialObjectMetadata`, any conversion or stream parameter kcache does not
+/// perform) sends the request upstream, as does a header with no JSON at all. A type the
+/// API server does not serve (`text/html`) is passed over, as it does.
+pub fn negotiate(accept: &str) -> Negotiated {
     // A missing header means "anything"; the API server then answers with JSON.
-    accept.trim().is_empty() || media_ranges(accept).iter().any(|r| r.servable().is_some())
+    if accept.trim().is_empty() {
+        return Negotiated::Json;
+    }
+    for range in media_ranges(accept) {
+        if range.q <= 0.0 {
+            continue;
+        }
+        match range.servable() {
+            Some(Servable::Json) => return Negotiated::Json,
+            Some(Servable::Table(v)) => return Negotiated::Table(v),
+            None => {}
+        }
+        // What the API server serves at all: JSON, YAML and protobuf (and wildcards,
+        // which `servable` answered). It passes over any other type, and so does kcache.
+        let served_upstream = range.ty == "application"
+            && matches!(
+                range.subtype.as_str(),
+                "json" | "yaml" | "vnd.kubernetes.protobuf"
+            );
+        if !served_upstream {
+            continue;
+        }
+        let same_answer_encoded_otherwise =
+            range.subtype != "json" && range.params.iter().all(|(k, _)| k == "charset");
+        if !same_answer_encoded_otherwise {
+            return Negotiated::Forward;
+        }
+    }
+    Negotiated::Forward
 }
 
 /// includeObject as the API server's `?includeObject=` query parameter.
@@ -988,61 +1021,60 @@ mod tests {
 
     #[test]
     fn accept_headers() {
+        use Negotiated::{Forward, Json, Table};
         use TableVersion::{V1Beta1, V1};
-        // (header, table version, accepts JSON)
-        let cases: &[(&str, Option<TableVersion>, bool)] = &[
-            (KUBECTL, Some(V1), true),
+        let cases: &[(&str, Negotiated)] = &[
+            (KUBECTL, Table(V1)),
             (
                 "application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json",
-                Some(V1Beta1),
-                true,
+                Table(V1Beta1),
             ),
-            ("application/json", None, true),
-            ("application/json;charset=utf-8", None, true),
-            ("Application/JSON", None, true),
-            ("", None, true),
-            ("   ", None, true),
-            ("*/*", None, true),
-            ("*", None, true),
-            ("application/*", None, true),
-            ("text/html,application/xhtml+xml,*/*;q=0.8", None, true),
-            (PROTOBUF, None, false),
-            ("application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io", None, false),
-            ("application/yaml", None, false),
-            ("text/plain", None, false),
-            ("garbage", None, false),
-            // Protobuf first: kcache skips to what it can encode.
-            ("application/vnd.kubernetes.protobuf, application/json", None, true),
+            ("application/json", Json),
+            ("application/json;charset=utf-8", Json),
+            ("Application/JSON", Json),
+            ("", Json),
+            ("   ", Json),
+            ("*/*", Json),
+            ("*", Json),
+            ("application/*", Json),
+            // Types the API server does not serve are passed over, as there.
+            ("text/html,application/xhtml+xml,*/*;q=0.8", Json),
+            ("text/plain", Forward),
+            ("garbage", Forward),
+            // Nothing kcache encodes: the API server answers.
+            (PROTOBUF, Forward),
+            ("application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io", Forward),
+            ("application/yaml", Forward),
+            // Protobuf first: the same answer, so kcache skips to what it can encode.
+            ("application/vnd.kubernetes.protobuf, application/json", Json),
+            ("application/yaml;charset=utf-8, */*", Json),
+            // A preferred conversion kcache does not perform is the API server's.
             (
                 "application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io",
-                Some(V1Beta1),
-                true,
+                Forward,
             ),
-            // Conversions kcache does not perform are skipped.
-            ("application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io", None, false),
+            ("application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io", Forward),
             (
                 "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io,application/json",
-                None,
-                true,
+                Forward,
             ),
-            ("application/json;as=Table;v=v2;g=meta.k8s.io", None, false),
-            ("application/json;as=Table;v=v1", None, false),
-            ("application/json;as=table;v=v1;g=meta.k8s.io", None, false),
+            ("application/json;as=Table;v=v2;g=meta.k8s.io", Forward),
+            ("application/json;as=Table;v=v1", Forward),
+            ("application/json;as=table;v=v1;g=meta.k8s.io", Forward),
             // A Table asked for through a wildcard is still JSON.
-            ("*/*;as=Table;v=v1;g=meta.k8s.io", Some(V1), true),
+            ("*/*;as=Table;v=v1;g=meta.k8s.io", Table(V1)),
             // Preference: weight, then specificity, then order.
-            ("*/*, application/json;as=Table;v=v1;g=meta.k8s.io", Some(V1), true),
-            ("application/json;q=0.5, application/json;as=Table;v=v1;g=meta.k8s.io", Some(V1), true),
-            ("application/json;as=Table;v=v1;g=meta.k8s.io;q=0.2, application/json;q=0.9", None, true),
-            ("application/json;as=Table;v=v1;g=meta.k8s.io;q=0, application/json", None, true),
-            ("application/json;q=0", None, false),
-            ("application/json; as=Table ; v=\"v1\" ; g=meta.k8s.io", Some(V1), true),
-            ("application/json;stream=watch", None, true),
-            ("application/json;stream=other", None, false),
+            ("*/*, application/json;as=Table;v=v1;g=meta.k8s.io", Table(V1)),
+            ("application/json;q=0.5, application/json;as=Table;v=v1;g=meta.k8s.io", Table(V1)),
+            ("application/json;as=Table;v=v1;g=meta.k8s.io;q=0.2, application/json;q=0.9", Json),
+            ("application/json;as=Table;v=v1;g=meta.k8s.io;q=0, application/json", Json),
+            ("application/json;q=0", Forward),
+            ("application/json; as=Table ; v=\"v1\" ; g=meta.k8s.io", Table(V1)),
+            ("application/json;stream=watch", Json),
+            ("application/json;stream=other", Forward),
         ];
-        for &(header, version, json) in cases {
-            assert_eq!(table_version(header), version, "table_version({header:?})");
-            assert_eq!(accepts_json(header), json, "accepts_json({header:?})");
+        for &(header, want) in cases {
+            assert_eq!(negotiate(header), want, "{header:?}");
         }
     }
 

@@ -82,6 +82,7 @@ async fn bad_input_gets_status_codes_and_kcache_keeps_serving() {
     let cluster = TestCluster::start().await;
     let k = Kcache::start(&cluster, "").await;
     let http = Http::new(&k.url);
+    put_secret(&admin(&cluster).await, "default", "s0", "v").await;
     let cases: Vec<(&str, Option<&str>, u16)> = vec![
         // No credentials: system:anonymous, which RBAC forbids (as the API server answers).
         ("/api/v1/namespaces/default/secrets?resourceVersion=0", None, 403),
@@ -92,11 +93,13 @@ async fn bad_input_gets_status_codes_and_kcache_keeps_serving() {
         ("/api/v1/namespaces/default/secrets?watch=1&fieldSelector=bogus", Some(TOKEN), 400),
         ("/api/v1/namespaces/default/secrets?watch=1&resourceVersion=abc", Some(TOKEN), 400),
         ("/api/v1/namespaces/default/secrets?resourceVersion=abc", Some(TOKEN), 400),
-        ("/api/v1/namespaces/default/secrets?watch=1&resourceVersion=0&resourceVersionMatch=NotOlderThan", Some(TOKEN), 400),
-        ("/api/v1/namespaces/default/secrets?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan", Some(TOKEN), 400),
-        ("/api/v1/namespaces/default/secrets?watch=maybe", Some(TOKEN), 400),
-        ("/api/v1/namespaces/default/secrets?watch=1&timeoutSeconds=-4", Some(TOKEN), 400),
-        ("/api/v1/namespaces/default/secrets?resourceVersion=0&resourceVersionMatch=Exact", Some(TOKEN), 400),
+        ("/api/v1/namespaces/default/secrets?watch=1&resourceVersion=0&resourceVersionMatch=NotOlderThan", Some(TOKEN), 422),
+        ("/api/v1/namespaces/default/secrets?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan", Some(TOKEN), 422),
+        ("/api/v1/namespaces/default/secrets?watch=1&timeoutSeconds=x", Some(TOKEN), 400),
+        ("/api/v1/namespaces/default/secrets?resourceVersion=0&limit=", Some(TOKEN), 400),
+        ("/api/v1/namespaces/default/secrets?resourceVersion=0&fieldSelector=involvedObject.name%3Dx", Some(TOKEN), 400),
+        ("/api/v1/namespaces?resourceVersion=0&fieldSelector=metadata.namespace%3Dx", Some(TOKEN), 400),
+        ("/api/v1/namespaces/default/secrets?resourceVersion=0&resourceVersionMatch=Exact", Some(TOKEN), 422),
         ("/api/v1/namespaces/default/frobnicators", Some(TOKEN), 404),
         ("/api/v1/namespaces/default/secrets/missing?resourceVersion=0", Some(TOKEN), 404),
     ];
@@ -105,6 +108,31 @@ async fn bad_input_gets_status_codes_and_kcache_keeps_serving() {
         assert_eq!(code, want, "{path}: {body}");
         assert_eq!(body["kind"], "Status", "{path}: {body}");
         assert_eq!(body["code"], want, "{path}: {body}");
+        // The API server's answer to the same request. A resourceVersion that is not a
+        // number is its 500 (docs/security.md: differences from the API server).
+        let (upstream, _) = Http::new(&cluster.url).get(path, token).await;
+        let want_upstream = if path.contains("resourceVersion=abc") {
+            500
+        } else {
+            want
+        };
+        assert_eq!(upstream, want_upstream, "API server: {path}");
+    }
+    // Answered as the API server converts parameters: any value but 0/false turns a watch
+    // on, a negative timeoutSeconds ends it at once, a negative limit is no limit, and a
+    // pair with `;` is dropped (Go's query parser).
+    for path in [
+        "/api/v1/namespaces/default/secrets?watch=maybe&timeoutSeconds=-4",
+        "/api/v1/namespaces/default/secrets?watch=&timeoutSeconds=-1",
+        "/api/v1/namespaces/default/secrets?resourceVersion=0&limit=-5",
+        "/api/v1/namespaces/default/secrets?resourceVersion=0;limit=x",
+        "/api/v1/namespaces/default/secrets?resourceVersion=0&labelSelector=a%20in%20()",
+        // A GET by name ignores list parameters.
+        "/api/v1/namespaces/default/secrets/s0?resourceVersion=0&limit=x&labelSelector=!!&watch=1",
+    ] {
+        let (code, body) = http.get(path, Some(TOKEN)).await;
+        let (upstream, _) = Http::new(&cluster.url).get(path, Some(TOKEN)).await;
+        assert_eq!((code, upstream), (200, 200), "{path}: {body}");
     }
     // An unknown group is proxied: the answer is the API server's own (a plain-text 404).
     let (code, _) = http
@@ -125,7 +153,8 @@ async fn bad_input_gets_status_codes_and_kcache_keeps_serving() {
         )
         .await;
     assert_eq!(body["message"], "field label not supported: spec.nodeName");
-    // An Accept header with nothing kcache can send is a 406.
+    // An Accept header with nothing kcache can send goes to the API server, which answers
+    // it (here: protobuf).
     let resp = support::insecure_http()
         .get(format!(
             "{}/api/v1/namespaces/default/secrets?resourceVersion=0",
@@ -136,14 +165,21 @@ async fn bad_input_gets_status_codes_and_kcache_keeps_serving() {
         .send()
         .await
         .expect("request");
-    assert_eq!(resp.status().as_u16(), 406);
-    // The largest timeoutSeconds a client can send is a watch like any other (a deadline
-    // computed naively from it would overflow `Instant` inside the watcher).
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(
+        resp.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/vnd.kubernetes.protobuf")
+    );
+    // The largest timeoutSeconds whose nanoseconds fit Go's int64 (292 years) is a watch
+    // like any other (a deadline computed naively from it would overflow `Instant` inside
+    // the watcher).
     let resp = support::insecure_http()
         .get(format!(
             "{}/api/v1/namespaces?watch=1&resourceVersion=0&timeoutSeconds={}",
             k.url,
-            u64::MAX
+            i64::MAX / 1_000_000_000
         ))
         .bearer_auth(TOKEN)
         .send()
@@ -159,7 +195,7 @@ async fn bad_input_gets_status_codes_and_kcache_keeps_serving() {
         }),
     )
     .await
-    .expect("a watch with timeoutSeconds=u64::MAX delivers its initial events");
+    .expect("a watch with the largest timeoutSeconds delivers its initial events");
     let first = first.expect("an event");
     assert_eq!(first["type"], "ADDED", "{first}");
     let (code, _) = http.get("/livez", None).await;

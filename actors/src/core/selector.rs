@@ -24,8 +24,6 @@ pub enum Error {
     InvalidKey { key: String, reason: &'static str },
     #[error("invalid label value {value:?}: {reason}")]
     InvalidValue { value: String, reason: &'static str },
-    #[error("for 'in', 'notin' operators, values set can't be empty")]
-    EmptySet,
     #[error("for 'Gt', 'Lt' operators, the value must be an integer: {0:?}")]
     NotInteger(String),
     #[error("too many requirements: a selector may have at most {MAX_REQUIREMENTS}")]
@@ -384,9 +382,12 @@ impl<'a> Parser<'a> {
         }
         match self.peek() {
             Token::Ident(_) | Token::Comma => {}
-            // `in ()` has no values at all. (A 1.20 API server reads it as `in ("")`;
-            // kcache refuses it as the NewRequirement rule "values set can't be empty".)
-            Token::Close => return Err(Error::EmptySet),
+            // `in ()` is read as `in ("")` by a 1.20 API server (its parser's `()` case);
+            // so here. (Later versions refuse it: "values set can't be empty".)
+            Token::Close => {
+                self.next();
+                return Ok(BTreeSet::from([String::new()]));
+            }
             other => return Err(syntax(other, "',', ')' or identifier")),
         }
         // Raw members first: as in the API server, a syntax error anywhere in the list is
@@ -653,25 +654,53 @@ pub fn field_value<'a>(obj: &'a Value, field: &str) -> &'a str {
     }
 }
 
-/// Whether kube-apiserver 1.20 lets `label` select `group`/`resource`.
-fn supports_label(group: &str, resource: &str, label: &str) -> bool {
-    if matches!(label, "metadata.name" | "metadata.namespace") {
-        return true;
+/// What kcache does with one field label of a resource, as kube-apiserver 1.20 treats it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LabelSupport {
+    /// The API server selects on it and kcache evaluates it the same way.
+    Served,
+    /// The API server refuses it (`field label not supported`), certainly: the
+    /// resource's whole set of labels is known.
+    Refused,
+    /// The API server may select on it, but kcache does not know how (an Event's
+    /// `involvedObject.name`, a Node's `spec.unschedulable`, any label of a resource whose
+    /// conversion kcache does not model): the request is the API server's to answer.
+    Upstream,
+}
+
+/// How kube-apiserver 1.20 treats field `label` of `group`/`resource`. Every resource
+/// selects on `metadata.name`; namespaced ones on `metadata.namespace`. Only resources
+/// whose complete label set kcache models (ConfigMaps, Secrets, Namespaces, Nodes) refuse
+/// anything; any other unmodelled label goes upstream.
+pub fn label_support(group: &str, resource: &str, namespaced: bool, label: &str) -> LabelSupport {
+    use LabelSupport::{Refused, Served, Upstream};
+    if label == "metadata.name" {
+        return Served;
     }
-    match (group, resource) {
-        ("", "pods") => matches!(
-            label,
-            "spec.nodeName"
-                | "spec.restartPolicy"
-                | "spec.schedulerName"
-                | "spec.serviceAccountName"
-                | "status.phase"
-                | "status.podIP"
-                | "status.nominatedNodeName"
-        ),
-        ("", "secrets") => label == "type",
-        ("", "namespaces") => label == "status.phase",
-        _ => false,
+    match (group, resource, label) {
+        ("", "configmaps", "metadata.namespace") => Served,
+        ("", "configmaps", _) => Refused,
+        ("", "secrets", "metadata.namespace" | "type") => Served,
+        ("", "secrets", _) => Refused,
+        // Neither takes metadata.namespace (their own conversion functions).
+        ("", "namespaces", "status.phase") => Served,
+        ("", "namespaces", _) => Refused,
+        ("", "nodes", "spec.unschedulable") => Upstream,
+        ("", "nodes", _) => Refused,
+        (
+            "",
+            "pods",
+            "metadata.namespace"
+            | "spec.nodeName"
+            | "spec.restartPolicy"
+            | "spec.schedulerName"
+            | "spec.serviceAccountName"
+            | "status.phase"
+            | "status.podIP"
+            | "status.nominatedNodeName",
+        ) => Served,
+        (_, _, "metadata.namespace") if namespaced => Served,
+        _ => Upstream,
     }
 }
 
@@ -725,20 +754,25 @@ impl FieldSelector {
             .map(|r| r.value.as_str())
     }
 
-    /// Refuses the first field label (in the API server's order) that kube-apiserver 1.20
-    /// does not support for this core resource: everything takes `metadata.name` and
-    /// `metadata.namespace`; pods, secrets and namespaces take a few more.
-    pub fn validate_for(&self, group: &str, resource: &str) -> Result<()> {
-        match self
+    /// Checks every field label against kube-apiserver 1.20's rules for the resource
+    /// ([`label_support`]): refuses the first refused one in the API server's (sorted)
+    /// order; `Ok(false)` when some label is the API server's to evaluate, `Ok(true)`
+    /// when kcache can serve the selector.
+    pub fn validate_for(&self, group: &str, resource: &str, namespaced: bool) -> Result<bool> {
+        let support = |r: &&FieldRequirement| label_support(group, resource, namespaced, &r.field);
+        if let Some(r) = self
             .reqs
             .iter()
-            .find(|r| !supports_label(group, resource, &r.field))
+            .find(|r| support(r) == LabelSupport::Refused)
         {
-            Some(r) => Err(Error::FieldLabelNotSupported {
+            return Err(Error::FieldLabelNotSupported {
                 label: r.field.clone(),
-            }),
-            None => Ok(()),
+            });
         }
+        Ok(self
+            .reqs
+            .iter()
+            .all(|r| support(&r) == LabelSupport::Served))
     }
 
     pub fn matches(&self, obj: &Value) -> bool {
@@ -798,7 +832,6 @@ mod tests {
             Error::Syntax { .. } => "Syntax",
             Error::InvalidKey { .. } => "InvalidKey",
             Error::InvalidValue { .. } => "InvalidValue",
-            Error::EmptySet => "EmptySet",
             Error::NotInteger(_) => "NotInteger",
             Error::TooManyRequirements => "TooManyRequirements",
             Error::FieldTerm { .. } => "FieldTerm",
@@ -848,6 +881,12 @@ mod tests {
             ("app in ( web )", true),
             ("app notin (api, db)", true),
             ("app notin (web)", false),
+            // `()` is the empty value, as a 1.20 API server reads it
+            ("empty in ()", true),
+            ("app in ( )", false),
+            ("missing in ()", false),
+            ("app notin ()", true),
+            ("empty notin ()", false),
             ("missing in (x)", false),
             ("missing notin (x)", true),
             ("empty in (,)", true),
@@ -950,8 +989,6 @@ mod tests {
             ("a in ((b))", "Syntax"),
             ("x=a||y=b", "InvalidValue"),
             ("app=web\0garbage", "Syntax"),
-            ("a in ()", "EmptySet"),
-            ("a notin ( )", "EmptySet"),
             ("-a=b", "InvalidKey"),
             ("a-=b", "InvalidKey"),
             ("a b=c", "Syntax"),
@@ -1144,66 +1181,130 @@ mod tests {
 
     #[test]
     fn field_labels_are_validated_per_resource() {
-        let cases: &[(&str, &str, &str, Option<&str>)] = &[
-            ("", "pods", "", None),
-            ("", "pods", "metadata.name=a,metadata.namespace=b", None),
+        // (group, resource, namespaced, selector, Err(first refused) / Ok(kcache serves))
+        type Case = (
+            &'static str,
+            &'static str,
+            bool,
+            &'static str,
+            Result<bool, &'static str>,
+        );
+        let cases: &[Case] = &[
+            ("", "pods", true, "", Ok(true)),
             (
                 "",
                 "pods",
+                true,
+                "metadata.name=a,metadata.namespace=b",
+                Ok(true),
+            ),
+            (
+                "",
+                "pods",
+                true,
                 "spec.nodeName=a,spec.restartPolicy=Always",
-                None,
+                Ok(true),
             ),
             (
                 "",
                 "pods",
+                true,
                 "spec.schedulerName=s,spec.serviceAccountName=x",
-                None,
+                Ok(true),
             ),
-            ("", "pods", "status.phase=Running,status.podIP=1", None),
-            ("", "pods", "status.nominatedNodeName=n", None),
-            ("", "pods", "type=x", Some("type")),
-            ("", "pods", "spec.host=n", Some("spec.host")),
-            ("", "pods", "status.hostIP=1", Some("status.hostIP")),
-            ("", "pods", "metadata.labels=x", Some("metadata.labels")),
+            (
+                "",
+                "pods",
+                true,
+                "status.phase=Running,status.podIP=1",
+                Ok(true),
+            ),
+            ("", "pods", true, "status.nominatedNodeName=n", Ok(true)),
+            // Pod labels kcache does not model (an alias, later additions): upstream's.
+            ("", "pods", true, "spec.host=n", Ok(false)),
+            (
+                "",
+                "pods",
+                true,
+                "status.hostIP=1,metadata.name=a",
+                Ok(false),
+            ),
             (
                 "",
                 "secrets",
+                true,
                 "type=Opaque,metadata.name=a,metadata.namespace=b",
-                None,
+                Ok(true),
             ),
-            ("", "secrets", "spec.nodeName=a", Some("spec.nodeName")),
-            ("", "secrets", "status.phase=a", Some("status.phase")),
+            ("", "secrets", true, "spec.nodeName=a", Err("spec.nodeName")),
+            ("", "secrets", true, "status.phase=a", Err("status.phase")),
             (
                 "",
                 "namespaces",
+                false,
                 "status.phase=Active,metadata.name=n",
-                None,
+                Ok(true),
             ),
-            ("", "namespaces", "type=x", Some("type")),
+            ("", "namespaces", false, "type=x", Err("type")),
+            // Namespaces and Nodes have their own conversion, without metadata.namespace.
+            (
+                "",
+                "namespaces",
+                false,
+                "metadata.namespace=x",
+                Err("metadata.namespace"),
+            ),
+            (
+                "",
+                "nodes",
+                false,
+                "metadata.namespace=",
+                Err("metadata.namespace"),
+            ),
+            ("", "nodes", false, "spec.unschedulable=true", Ok(false)),
             (
                 "",
                 "configmaps",
+                true,
                 "metadata.name=a,metadata.namespace=b",
-                None,
+                Ok(true),
             ),
-            ("", "configmaps", "type=x", Some("type")),
-            ("", "services", "spec.clusterIP=x", Some("spec.clusterIP")),
-            ("apps", "deployments", "metadata.name=x", None),
-            ("apps", "pods", "spec.nodeName=a", Some("spec.nodeName")),
-            ("example.com", "secrets", "type=a", Some("type")),
+            ("", "configmaps", true, "type=x", Err("type")),
+            // A refused label wins over one that would go upstream.
+            ("", "configmaps", true, "aaa=1,type=x", Err("aaa")),
+            ("", "events", true, "involvedObject.name=x", Ok(false)),
+            (
+                "apps",
+                "deployments",
+                true,
+                "metadata.name=x,metadata.namespace=y",
+                Ok(true),
+            ),
+            ("apps", "deployments", true, "status.phase=x", Ok(false)),
+            (
+                "example.com",
+                "widgets",
+                false,
+                "metadata.namespace=a",
+                Ok(false),
+            ),
             // untrimmed fields are different labels
-            ("", "pods", "metadata.name =a", Some("metadata.name ")),
-            ("", "pods", "=a", Some("")),
-            // the first unsupported label in the API server's (sorted) order
-            ("", "secrets", "zzz=1,aaa=1,type=x", Some("aaa")),
+            (
+                "",
+                "secrets",
+                true,
+                "metadata.name =a",
+                Err("metadata.name "),
+            ),
+            ("", "secrets", true, "=a", Err("")),
+            // the first refused label in the API server's (sorted) order
+            ("", "secrets", true, "zzz=1,aaa=1,type=x", Err("aaa")),
         ];
-        for &(group, resource, sel, want) in cases {
+        for &(group, resource, namespaced, sel, want) in cases {
             let s = FieldSelector::parse(sel).unwrap_or_else(|e| panic!("{sel:?}: {e}"));
-            let got = s.validate_for(group, resource);
-            let want = want.map_or(Ok(()), |label| {
-                Err(Error::FieldLabelNotSupported {
-                    label: label.to_string(),
-                })
+            let got = s.validate_for(group, resource, namespaced);
+            let want = want.map_err(|label| Error::FieldLabelNotSupported {
+                label: label.to_string(),
             });
             assert_eq!(got, want, "{group}/{resource} {sel:?}");
         }
@@ -1211,29 +1312,16 @@ mod tests {
 
     #[test]
     fn unsupported_label_message_is_the_api_servers() {
-        let cases: &[(&str, &str, &str, &str)] = &[
+        for (resource, sel, want) in [
             (
-                "",
                 "secrets",
                 "spec.nodeName=a",
                 "field label not supported: spec.nodeName",
             ),
-            (
-                "",
-                "configmaps",
-                "type=x",
-                "field label not supported: type",
-            ),
-            (
-                "apps",
-                "deployments",
-                "status.phase!=x",
-                "field label not supported: status.phase",
-            ),
-        ];
-        for &(group, resource, sel, want) in cases {
+            ("configmaps", "type=x", "field label not supported: type"),
+        ] {
             let e = FieldSelector::parse(sel)
-                .and_then(|s| s.validate_for(group, resource))
+                .and_then(|s| s.validate_for("", resource, true))
                 .expect_err("unsupported");
             assert_eq!(e.to_string(), want);
         }
