@@ -195,19 +195,16 @@ fn fits_scope(rp: &ResourcePath, resource: &ResourceType) -> bool {
 /// Authenticates the request: a bearer token through TokenReview; no credentials is
 /// `system:anonymous` when allowed (as the API server's `--anonymous-auth=true`).
 pub async fn identify(req: &HttpRequest, state: &ApiState) -> Result<UserInfo, ApiError> {
-    let authorization = req
-        .headers()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok());
+    let authorization = req.headers().get("authorization").map(|v| v.as_bytes());
     // A verified client certificate (the API server's x509 authenticator comes first).
     if let Some(user) = cert_user(req) {
         return Ok(user);
     }
     match state.auth.authenticate(authorization).await {
         Ok(user) => Ok(user),
-        Err(auth::Error::MissingToken)
-            if authorization.is_none() && state.anonymous.load(Ordering::Relaxed) =>
-        {
+        // No bearer credential (none, or another scheme): anonymous, as upstream, when
+        // allowed.
+        Err(auth::Error::MissingToken) if state.anonymous.load(Ordering::Relaxed) => {
             Ok(UserInfo::anonymous())
         }
         Err(auth::Error::MissingToken | auth::Error::InvalidToken) => Err(ApiError::unauthorized()),

@@ -60,12 +60,37 @@ fn token_key(token: &str) -> TokenKey {
         .into()
 }
 
-/// The bearer token of an `Authorization` header value, if it has one.
-pub fn bearer_token(header: Option<&str>) -> Option<&str> {
-    let h = header?.trim();
-    let (scheme, token) = h.split_once(' ')?;
-    let token = token.trim();
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+/// What an `Authorization` header holds for the bearer-token authenticator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bearer<'a> {
+    /// No header, or not a bearer credential: not this authenticator's (anonymous when
+    /// allowed, as upstream).
+    Absent,
+    /// A bearer credential no token can match (empty, not UTF-8): 401.
+    Invalid,
+    Token(&'a str),
+}
+
+/// Reads the header as the API server's bearer-token authenticator does: trimmed, split on
+/// every single space; the scheme is the first part (any case), the token the second
+/// (whatever follows a further space is ignored); an empty second part is an invalid
+/// token (`Bearer  abc`, two spaces, is invalid there too).
+pub fn bearer_token(header: Option<&[u8]>) -> Bearer<'_> {
+    let Some(h) = header else {
+        return Bearer::Absent;
+    };
+    let h = h.trim_ascii();
+    let mut parts = h.split(|b| *b == b' ');
+    let (Some(scheme), Some(token)) = (parts.next(), parts.next()) else {
+        return Bearer::Absent;
+    };
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return Bearer::Absent;
+    }
+    match std::str::from_utf8(token) {
+        Ok(t) if !t.is_empty() => Bearer::Token(t),
+        _ => Bearer::Invalid,
+    }
 }
 
 impl Authenticator {
@@ -78,8 +103,12 @@ impl Authenticator {
         }
     }
 
-    pub async fn authenticate(&self, authorization: Option<&str>) -> Result<UserInfo> {
-        let token = bearer_token(authorization).ok_or(Error::MissingToken)?;
+    pub async fn authenticate(&self, authorization: Option<&[u8]>) -> Result<UserInfo> {
+        let token = match bearer_token(authorization) {
+            Bearer::Absent => return Err(Error::MissingToken),
+            Bearer::Invalid => return Err(Error::InvalidToken),
+            Bearer::Token(t) => t,
+        };
         self.cache
             .get_or_fetch(token_key(token), || self.review(token))
             .await?
@@ -131,12 +160,29 @@ mod tests {
 
     #[test]
     fn bearer_parsing() {
-        assert_eq!(bearer_token(Some("Bearer abc")), Some("abc"));
-        assert_eq!(bearer_token(Some("bearer  abc ")), Some("abc"));
-        assert_eq!(bearer_token(Some("Basic abc")), None);
-        assert_eq!(bearer_token(Some("Bearer ")), None);
-        assert_eq!(bearer_token(Some("Bearer")), None);
-        assert_eq!(bearer_token(None), None);
+        use Bearer::{Absent, Invalid, Token};
+        let cases: &[(&[u8], Bearer)] = &[
+            (b"Bearer abc", Token("abc")),
+            (b"bearer abc ", Token("abc")),
+            (b" BEARER abc", Token("abc")),
+            (b"Bearer abc def", Token("abc")),
+            // Two spaces: the token is the empty second part.
+            (b"Bearer  abc", Invalid),
+            (b"Bearer \xffabc", Invalid),
+            (b"Basic abc", Absent),
+            (b"Bearer ", Absent),
+            (b"Bearer", Absent),
+            (b"", Absent),
+        ];
+        for &(h, want) in cases {
+            assert_eq!(
+                bearer_token(Some(h)),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(h)
+            );
+        }
+        assert_eq!(bearer_token(None), Absent);
     }
 
     #[test]

@@ -224,17 +224,22 @@ pub fn parse_query(q: &str) -> Query {
         out.opaque = true;
         return out;
     }
+    // Go 1.17 and later drop a pair containing `;`; the Go 1.15 that official 1.20
+    // binaries are built with splits on it. Either way kcache cannot be sure: proxied.
+    if q.contains(';') {
+        out.opaque = true;
+        return out;
+    }
     let Some(pairs) = go_parse_query(q) else {
         out.opaque = true;
         return out;
     };
-    let mut seen: Vec<&str> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for (k, v) in &pairs {
         // First value wins, as Go's url.Values.Get.
-        if seen.contains(&k.as_str()) {
+        if !seen.insert(k.as_str()) {
             continue;
         }
-        seen.push(k);
         let slot = match k.as_str() {
             "watch" => &mut out.watch,
             "resourceVersion" => &mut out.resource_version,
@@ -265,6 +270,15 @@ pub fn parse_query(q: &str) -> Query {
         if go_bool(b.as_deref()).is_none() {
             out.opaque = true;
         }
+    }
+    // A resourceVersion with leading zeros ("00", "01") means the same number to the
+    // cacher's parser but not to its string comparisons (`"0"`): proxied.
+    if out
+        .resource_version
+        .as_deref()
+        .is_some_and(|v| v.len() > 1 && v.starts_with('0'))
+    {
+        out.opaque = true;
     }
     out.continue_token = out.continue_token.filter(|c| !c.is_empty());
     out
@@ -484,11 +498,14 @@ mod tests {
 
     #[test]
     fn pairs_are_split_and_dropped_as_go_does() {
-        // `;` is no separator: the whole pair is dropped (here: the field selector).
-        let q = parse_query("watch=1;fieldSelector=metadata.name%3Dx&limit=5");
-        assert!(!q.watch());
-        assert_eq!(q.field_selector, "");
-        assert_eq!(q.limit(), Ok(Some(5)));
+        // `;` splits pairs for the Go that builds official 1.20 binaries and drops them for
+        // later ones: either way kcache does not read the query.
+        assert!(parse_query("watch=1;fieldSelector=metadata.name%3Dx&limit=5").opaque);
+        assert!(!parse_query("a=%3B").opaque);
+        assert!(parse_query("resourceVersion=01").opaque);
+        assert!(parse_query("resourceVersion=00").opaque);
+        assert!(!parse_query("resourceVersion=0").opaque);
+        assert!(!parse_query("resourceVersion=10").opaque);
         // A malformed escape drops its pair only, so a later duplicate can win.
         let q = parse_query("labelSelector=a%zz&labelSelector=b&watch=%");
         assert_eq!(q.label_selector, "b");

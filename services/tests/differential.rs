@@ -844,7 +844,7 @@ fn allowed(request: &Request, store: &Store, api: &Answer, kcache: &Answer) -> O
     }
     let streaming = first_param(&request.target, "sendInitialEvents").is_some();
     if streaming
-        && ((api.class() == 2 && kcache.code == 400 && kcache.note.contains("sendInitialEvents"))
+        && ((api.class() == 2 && kcache.class() == 4 && kcache.note.contains("sendInitialEvents"))
             || (kcache.class() == 2
                 && api.code == 400
                 && api

@@ -47,6 +47,10 @@ impl Rv {
     pub fn parse(s: Option<&str>) -> Result<Self> {
         match s {
             None | Some("") => Ok(Rv::Unset),
+            // Digits only, as Go's ParseUint (Rust's parse would take a leading `+`).
+            Some(v) if !v.bytes().all(|b| b.is_ascii_digit()) => {
+                Err(Error::InvalidResourceVersion(v.to_string()))
+            }
             Some(v) => match v.parse::<u64>() {
                 Ok(0) => Ok(Rv::Any),
                 Ok(n) => Ok(Rv::At(n)),
@@ -219,7 +223,15 @@ mod tests {
         assert_eq!(Rv::parse(Some("")), Ok(Rv::Unset));
         assert_eq!(Rv::parse(Some("0")), Ok(Rv::Any));
         assert_eq!(Rv::parse(Some("17")), Ok(Rv::At(17)));
-        for bad in ["abc", "-1", "1.5", " 1", "99999999999999999999999"] {
+        for bad in [
+            "abc",
+            "-1",
+            "1.5",
+            " 1",
+            "99999999999999999999999",
+            "+5",
+            "٣",
+        ] {
             assert!(
                 matches!(Rv::parse(Some(bad)), Err(Error::InvalidResourceVersion(_))),
                 "{bad}"
