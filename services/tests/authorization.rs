@@ -12,21 +12,6 @@ use serde_json::{json, Value};
 use support::kcache::Kcache;
 use support::{eventually, insecure_http, TestCluster, ADMIN_TOKEN};
 
-async fn apply(cluster: &TestCluster, path: &str, body: Value) {
-    let resp = insecure_http()
-        .post(format!("{}{}", cluster.url, path))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .expect("create");
-    assert!(
-        resp.status().is_success(),
-        "create {path}: {}",
-        resp.text().await.unwrap_or_default()
-    );
-}
-
 /// Status code and the names of the objects a response shows (list items, a got object,
 /// or the objects of a watch that ends by its timeoutSeconds).
 async fn observe(base: &str, path: &str, token: Option<&str>) -> (u16, BTreeSet<String>) {
@@ -76,19 +61,19 @@ async fn observe(base: &str, path: &str, token: Option<&str>) -> (u16, BTreeSet<
 /// read ConfigMaps in a; node1 runs a pod mounting s1.
 async fn setup(cluster: &TestCluster) {
     for ns in ["a", "b"] {
-        apply(
+        support::create_as_admin(
             cluster,
             "/api/v1/namespaces",
             json!({"metadata": {"name": ns}}),
         )
         .await;
-        apply(
+        support::create_as_admin(
             cluster,
             &format!("/api/v1/namespaces/{ns}/serviceaccounts"),
             json!({"metadata": {"name": "default"}}),
         )
         .await;
-        apply(
+        support::create_as_admin(
             cluster,
             &format!("/api/v1/namespaces/{ns}/configmaps"),
             json!({"metadata": {"name": format!("cm-{ns}")}}),
@@ -96,7 +81,7 @@ async fn setup(cluster: &TestCluster) {
         .await;
     }
     for (ns, name) in [("a", "s1"), ("a", "s2"), ("b", "s3")] {
-        apply(
+        support::create_as_admin(
             cluster,
             &format!("/api/v1/namespaces/{ns}/secrets"),
             json!({"metadata": {"name": name}}),
@@ -104,17 +89,17 @@ async fn setup(cluster: &TestCluster) {
         .await;
     }
     // viewer may read configmaps in namespace a only.
-    apply(cluster, "/apis/rbac.authorization.k8s.io/v1/namespaces/a/roles", json!({
+    support::create_as_admin(cluster, "/apis/rbac.authorization.k8s.io/v1/namespaces/a/roles", json!({
         "metadata": {"name": "cm-reader"},
         "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}],
     })).await;
-    apply(cluster, "/apis/rbac.authorization.k8s.io/v1/namespaces/a/rolebindings", json!({
+    support::create_as_admin(cluster, "/apis/rbac.authorization.k8s.io/v1/namespaces/a/rolebindings", json!({
         "metadata": {"name": "cm-reader"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cm-reader"},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "viewer"}],
     })).await;
     // node1 runs a pod that mounts secret s1: the Node authorizer lets it read s1 only.
-    apply(
+    support::create_as_admin(
         cluster,
         "/api/v1/namespaces/a/pods",
         json!({

@@ -953,22 +953,6 @@ impl Case {
 // The seeded store
 // ---------------------------------------------------------------------------------------
 
-async fn create(cluster: &TestCluster, path: &str, body: Value) {
-    let resp = insecure_http()
-        .post(format!("{}{}", cluster.url, path))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .expect("create");
-    let status = resp.status();
-    assert!(
-        status.is_success(),
-        "create {path}: {status} {}",
-        resp.text().await.unwrap_or_default()
-    );
-}
-
 async fn status_of(cluster: &TestCluster, path: &str, token: &str) -> u16 {
     insecure_http()
         .get(format!("{}{}", cluster.url, path))
@@ -985,20 +969,20 @@ async fn status_of(cluster: &TestCluster, path: &str, token: &str) -> u16 {
 /// authorizers apply it.
 async fn seed_store(cluster: &TestCluster) {
     for ns in ["a", "b"] {
-        create(
+        support::create_as_admin(
             cluster,
             "/api/v1/namespaces",
             json!({"metadata": {"name": ns, "labels": {"app": "web"}}}),
         )
         .await;
         let base = format!("/api/v1/namespaces/{ns}");
-        create(
+        support::create_as_admin(
             cluster,
             &format!("{base}/serviceaccounts"),
             json!({"metadata": {"name": "default"}}),
         )
         .await;
-        create(
+        support::create_as_admin(
             cluster,
             &format!("{base}/services"),
             json!({
@@ -1007,7 +991,7 @@ async fn seed_store(cluster: &TestCluster) {
             }),
         )
         .await;
-        create(
+        support::create_as_admin(
             cluster,
             &format!("{base}/endpoints"),
             json!({
@@ -1025,7 +1009,7 @@ async fn seed_store(cluster: &TestCluster) {
         ("a", "shared", json!({})),
         ("b", "s3", json!({"app": "web"})),
     ] {
-        create(
+        support::create_as_admin(
             cluster,
             &format!("/api/v1/namespaces/{ns}/secrets"),
             labelled(name, labels),
@@ -1037,7 +1021,7 @@ async fn seed_store(cluster: &TestCluster) {
         ("a", "shared", json!({"app": "db"})),
         ("b", "cm-b", json!({})),
     ] {
-        create(
+        support::create_as_admin(
             cluster,
             &format!("/api/v1/namespaces/{ns}/configmaps"),
             labelled(name, labels),
@@ -1045,7 +1029,7 @@ async fn seed_store(cluster: &TestCluster) {
         .await;
     }
     for (ns, name, node) in [("a", "p1", Some("node1")), ("b", "p2", None)] {
-        create(
+        support::create_as_admin(
             cluster,
             &format!("/api/v1/namespaces/{ns}/pods"),
             json!({
@@ -1064,8 +1048,7 @@ async fn seed_store(cluster: &TestCluster) {
         .await;
     }
     let rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces";
-    create(
-        cluster,
+    support::create_as_admin(cluster,
         &format!("{rbac}/a/roles"),
         json!({
             "metadata": {"name": "cm-reader"},
@@ -1075,8 +1058,7 @@ async fn seed_store(cluster: &TestCluster) {
     .await;
     let viewer =
         json!([{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "viewer"}]);
-    create(
-        cluster,
+    support::create_as_admin(cluster,
         &format!("{rbac}/a/rolebindings"),
         json!({
             "metadata": {"name": "cm-reader"},
@@ -1085,8 +1067,7 @@ async fn seed_store(cluster: &TestCluster) {
         }),
     )
     .await;
-    create(
-        cluster,
+    support::create_as_admin(cluster,
         &format!("{rbac}/b/rolebindings"),
         json!({
             "metadata": {"name": "view"},

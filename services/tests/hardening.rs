@@ -34,22 +34,6 @@ async fn get(base: &str, path: &str, token: Option<&str>) -> (u16, String) {
     }
 }
 
-/// POSTs `body` to the API server as admin.
-async fn create(cluster: &TestCluster, path: &str, body: Value) {
-    let resp = insecure_http()
-        .post(format!("{}{}", cluster.url, path))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .expect("create");
-    assert!(
-        resp.status().is_success(),
-        "create {path}: {}",
-        resp.text().await.unwrap_or_default()
-    );
-}
-
 /// The same GET to both; asserts the same status code class and that kcache's body holds
 /// none of `secrets` unless the API server's does. Returns (API server code, kcache code).
 async fn same_answer(
@@ -82,20 +66,20 @@ async fn encoded_segments_never_widen_a_read() {
     create_namespace(&admin, "sec").await;
     create_namespace(&admin, "cms").await;
     // The secret's name and value, base64 as a list would show it.
-    create(
+    support::create_as_admin(
         &cluster,
         "/api/v1/namespaces/sec/secrets",
         json!({"metadata": {"name": "topsecret"}, "stringData": {"k": "hunter2-value"}}),
     )
     .await;
-    create(
+    support::create_as_admin(
         &cluster,
         "/api/v1/namespaces/cms/configmaps",
         json!({"metadata": {"name": "cm1"}, "data": {"k": "v"}}),
     )
     .await;
     // viewer may read ConfigMaps everywhere, and nothing else.
-    create(
+    support::create_as_admin(
         &cluster,
         "/apis/rbac.authorization.k8s.io/v1/clusterroles",
         json!({"metadata": {"name": "cm-reader"}, "rules": [
@@ -103,8 +87,7 @@ async fn encoded_segments_never_widen_a_read() {
         ]}),
     )
     .await;
-    create(
-        &cluster,
+    support::create_as_admin(&cluster,
         "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
         json!({"metadata": {"name": "viewer-cm-reader"},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cm-reader"},
@@ -151,7 +134,7 @@ async fn cluster_scoped_resources_have_no_namespaced_paths() {
     let admin = cluster.kube_client().await;
     create_namespace(&admin, "foo").await;
     create_namespace(&admin, "bar").await;
-    create(
+    support::create_as_admin(
         &cluster,
         "/api/v1/namespaces/foo/secrets",
         json!({"metadata": {"name": "s1"}, "stringData": {"k": "v"}}),
@@ -378,7 +361,7 @@ async fn keys_are_budgeted_and_names_that_cannot_exist_start_none() {
     let admin = cluster.kube_client().await;
     create_namespace(&admin, "kb").await;
     for i in 0..6 {
-        create(
+        support::create_as_admin(
             &cluster,
             "/api/v1/namespaces/kb/secrets",
             json!({"metadata": {"name": format!("s{i}")}, "stringData": {"k": "v"}}),
@@ -424,8 +407,7 @@ async fn keys_are_budgeted_and_names_that_cannot_exist_start_none() {
     assert_eq!(status["reason"], "TooManyRequests");
     assert!(kc.metric("kcache_keys_refused_total").await >= 4.0);
     // Another user's budget is their own.
-    create(
-        &cluster,
+    support::create_as_admin(&cluster,
         "/apis/rbac.authorization.k8s.io/v1/namespaces/kb/rolebindings",
         json!({"metadata": {"name": "viewer-view"},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
@@ -513,7 +495,7 @@ async fn list_then_watch_on_a_young_key_gets_no_410_while_others_write() {
     create_namespace(&admin, "yk").await;
     create_namespace(&admin, "noise").await;
     for i in 0..NAMES {
-        create(
+        support::create_as_admin(
             &cluster,
             "/api/v1/namespaces/yk/secrets",
             json!({"metadata": {"name": format!("s{i}")}, "stringData": {"v": "0"}}),

@@ -576,6 +576,24 @@ fn parse_labels(s: &str) -> Option<(Vec<(String, String)>, &str)> {
 
 /// An HTTP client for self-signed test servers (the API server's and kcache's). No
 /// request timeout: watches use it.
+/// POSTs `body` to `path` on the API server as admin; panics with the answer unless it is
+/// a success.
+pub async fn create_as_admin(cluster: &TestCluster, path: &str, body: serde_json::Value) {
+    let resp = insecure_http()
+        .post(format!("{}{}", cluster.url, path))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .expect("create");
+    let status = resp.status();
+    assert!(
+        status.is_success(),
+        "create {path}: {status} {}",
+        resp.text().await.unwrap_or_default()
+    );
+}
+
 pub fn insecure_http() -> reqwest::Client {
     reqwest::Client::builder()
         .danger_accept_invalid_certs(true)
