@@ -6,7 +6,7 @@
 
 mod support;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use support::kcache::Kcache;
 use support::{insecure_http, TestCluster, ADMIN_TOKEN};
 
@@ -21,20 +21,6 @@ const SMALL_CACHES: &str = "[auth]\n\
 
 /// Three times the caches' capacity.
 const FLOOD: usize = 300;
-
-async fn post(cluster: &TestCluster, path: &str, body: Value) -> Value {
-    let resp = insecure_http()
-        .post(format!("{}{}", cluster.url, path))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .expect("POST to the API server");
-    let status = resp.status();
-    let body: Value = resp.json().await.expect("a JSON answer");
-    assert!(status.is_success(), "POST {path}: {status} {body}");
-    body
-}
 
 /// The status code of a GET through kcache.
 async fn get(k: &Kcache, path: &str, token: &str) -> u16 {
@@ -79,15 +65,7 @@ fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 }
 
 async fn counts(k: &Kcache) -> Counts {
-    let text = insecure_http()
-        .get(format!("{}/metrics", k.url))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("metrics text");
+    let text = k.metrics_text().await;
     let lookups = "kcache_auth_cache_requests_total";
     let reviews = "kcache_auth_reviews_total";
     let evictions = "kcache_auth_cache_evictions_total";
@@ -199,7 +177,7 @@ async fn a_flood_of_one_off_keys_does_not_evict_other_users_entries() {
 
 /// Creates Pod `name` run by service account `bot`, and a token for `bot` bound to it.
 async fn token_bound_to_pod(cluster: &TestCluster, name: &str) -> String {
-    let pod = post(
+    let pod = support::create_as_admin(
         cluster,
         "/api/v1/namespaces/default/pods",
         json!({
@@ -213,7 +191,7 @@ async fn token_bound_to_pod(cluster: &TestCluster, name: &str) -> String {
     )
     .await;
     let uid = pod["metadata"]["uid"].as_str().expect("pod uid");
-    let tr = post(
+    let tr = support::create_as_admin(
         cluster,
         "/api/v1/namespaces/default/serviceaccounts/bot/token",
         json!({
@@ -236,7 +214,7 @@ async fn token_bound_to_pod(cluster: &TestCluster, name: &str) -> String {
 async fn tokens_differing_only_in_extra_do_not_share_decisions() {
     let cluster = TestCluster::start().await;
     let k = Kcache::start(&cluster, SMALL_CACHES).await;
-    post(
+    support::create_as_admin(
         &cluster,
         "/api/v1/namespaces/default/serviceaccounts",
         json!({"metadata": {"name": "bot"}}),
@@ -249,7 +227,7 @@ async fn tokens_differing_only_in_extra_do_not_share_decisions() {
     // `extra` (the pod each is bound to) tells them apart.
     let mut users = Vec::new();
     for t in [&t1, &t2] {
-        let review = post(
+        let review = support::create_as_admin(
             &cluster,
             "/apis/authentication.k8s.io/v1/tokenreviews",
             json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": t}}),

@@ -80,16 +80,7 @@ async fn upstream_value_len(cluster: &TestCluster, name: &str) -> Option<usize> 
 }
 
 async fn metric(kcache: &Kcache, name: &str, label: &str) -> f64 {
-    let text = insecure_http()
-        .get(format!("{}/metrics", kcache.url))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("metrics body");
-    sum_samples(&text, name, Some(label))
+    sum_samples(&kcache.metrics_text().await, name, Some(label))
 }
 
 fn assert_too_large(code: u16, status: &Value) {

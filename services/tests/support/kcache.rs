@@ -110,9 +110,9 @@ impl Kcache {
         kube::Client::try_from(self.kube_config(token)).expect("kube client for kcache")
     }
 
-    /// Sum of every sample of `name` on kcache's /metrics (0 when absent).
-    pub async fn metric(&self, name: &str) -> f64 {
-        let text = super::insecure_http()
+    /// kcache's /metrics text, read as admin.
+    pub async fn metrics_text(&self) -> String {
+        super::insecure_http()
             .get(format!("{}/metrics", self.url))
             .bearer_auth(super::ADMIN_TOKEN)
             .send()
@@ -120,8 +120,12 @@ impl Kcache {
             .expect("GET /metrics")
             .text()
             .await
-            .expect("metrics body");
-        sum_samples(&text, name, None)
+            .expect("metrics body")
+    }
+
+    /// Sum of every sample of `name` on kcache's /metrics (0 when absent).
+    pub async fn metric(&self, name: &str) -> f64 {
+        sum_samples(&self.metrics_text().await, name, None)
     }
 
     pub async fn debug_keys(&self) -> serde_json::Value {

@@ -576,9 +576,14 @@ fn parse_labels(s: &str) -> Option<(Vec<(String, String)>, &str)> {
 
 /// An HTTP client for self-signed test servers (the API server's and kcache's). No
 /// request timeout: watches use it.
-/// POSTs `body` to `path` on the API server as admin; panics with the answer unless it is
-/// a success.
-pub async fn create_as_admin(cluster: &TestCluster, path: &str, body: serde_json::Value) {
+/// POSTs `body` to `path` on the API server as admin and returns what it answered (the
+/// created object; `Null` if that is not JSON); panics with the answer unless it is a
+/// success.
+pub async fn create_as_admin(
+    cluster: &TestCluster,
+    path: &str,
+    body: serde_json::Value,
+) -> serde_json::Value {
     let resp = insecure_http()
         .post(format!("{}{}", cluster.url, path))
         .bearer_auth(ADMIN_TOKEN)
@@ -587,11 +592,9 @@ pub async fn create_as_admin(cluster: &TestCluster, path: &str, body: serde_json
         .await
         .expect("create");
     let status = resp.status();
-    assert!(
-        status.is_success(),
-        "create {path}: {status} {}",
-        resp.text().await.unwrap_or_default()
-    );
+    let text = resp.text().await.unwrap_or_default();
+    assert!(status.is_success(), "create {path}: {status} {text}");
+    serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
 }
 
 pub fn insecure_http() -> reqwest::Client {
