@@ -17,8 +17,9 @@ use tokio::sync::oneshot;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::config::CacheConfig;
+use crate::core::backfill::{self, Replay};
 use crate::core::bookmark::{next_bookmark_time, BookmarkTimer};
-use crate::core::event::StoreEvent;
+use crate::core::event::{StoreEvent, BACKFILLED_SEQ};
 use crate::core::filter::EventType;
 use crate::core::key::Key;
 use crate::core::relist;
@@ -446,21 +447,25 @@ impl CachedObject {
     }
 
     /// A watch from `sub.plan.from_rv`, older than the window of a key that is merely
-    /// young (its first list came after the client's own list, e.g. a client-go
-    /// list-then-watch while others write): ask the source for the key's state at that RV;
-    /// if nothing changed since, the window is extended back and the watch starts
-    /// normally (`on_listed_at`), else it gets its 410. One list in flight per key.
+    /// young (its first list came after the client's own list: client-go's list-then-watch
+    /// while others write, every informer resuming after a kcache restart): ask the source
+    /// for the upstream's replay from that RV; the window is extended back with what
+    /// happened since (`on_replayed`) and the watch starts normally, as the API server
+    /// would serve it, else it gets its 410. One replay in flight per key.
     fn backfill(&mut self, sub: Subscribe) {
-        let deadline = Instant::now() + self.cfg.block_timeout();
+        // The replay's own upstream watch ends within a few seconds (`source::Reader`).
+        let deadline = Instant::now() + self.cfg.block_timeout() + BACKFILL_GRACE;
         let rv = sub.plan.from_rv;
         self.backfill.push((sub, deadline));
         if self.backfill_at.is_some() {
             return;
         }
-        let sent = self
-            .source
-            .as_ref()
-            .is_some_and(|src| src.commands.try_send(SourceCmd::ListAt { rv }).is_ok());
+        let to = self.window.list_rv();
+        let sent = self.source.as_ref().is_some_and(|src| {
+            src.commands
+                .try_send(SourceCmd::Replay { from: rv, to })
+                .is_ok()
+        });
         if sent {
             self.backfill_at = Some(rv);
         } else {
@@ -468,26 +473,57 @@ impl CachedObject {
         }
     }
 
-    /// The source's list at `rv` (`None`: it could not).
-    fn on_listed_at(&mut self, rv: u64, items: Option<Vec<Value>>) {
-        if self.backfill_at != Some(rv) {
+    /// The source's replay from `from` (`None`: it could not).
+    fn on_replayed(&mut self, from: u64, replay: Option<Replay>) {
+        if self.backfill_at != Some(from) {
             return;
         }
         self.backfill_at = None;
-        let extended = match items {
-            Some(items)
-                if self.window.complete_since_list()
-                    && relist::unchanged_since(&self.store, self.window.events(), &items) =>
-            {
-                self.window.extend_back(rv);
-                true
+        let outcome = match replay {
+            None => "upstream_refused",
+            Some(_) if !self.window.complete_since_list() || from >= self.window.list_rv() => {
+                "window_moved"
             }
-            _ => false,
+            Some(replay) => match backfill::events_since(
+                &self.store,
+                self.window.events(),
+                self.window.list_rv(),
+                from,
+                replay,
+            ) {
+                Err(e) => {
+                    tracing::warn!(key = %self.key, error = %e, "young key's window backfill refused");
+                    "inconsistent"
+                }
+                Ok(events) => {
+                    let before = self.window.len();
+                    let n = events.len();
+                    // Before every numbered event: no watcher continues from inside them
+                    // (`Window::since_seq`).
+                    let events = events
+                        .into_iter()
+                        .map(|b| {
+                            Arc::new(StoreEvent::new(
+                                BACKFILLED_SEQ,
+                                b.rv,
+                                b.kind,
+                                b.object,
+                                b.prev,
+                            ))
+                        })
+                        .collect();
+                    if self.window.prepend(from, events) {
+                        self.account(self.store.len(), before);
+                        tracing::debug!(key = %self.key, from, events = n, "young key's window extended back");
+                        "extended"
+                    } else {
+                        "too_many_events"
+                    }
+                }
+            },
         };
-        let outcome = if extended { "extended" } else { "changed" };
         metrics::counter!(m::WINDOW_BACKFILLS, "group" => self.labels[0].1.clone(), "resource" => self.labels[1].1.clone(), "outcome" => outcome).increment(1);
-        tracing::debug!(key = %self.key, rv, extended, "young key's window backfill");
-        self.end_backfill(Some(rv));
+        self.end_backfill(Some(from));
     }
 
     /// Starts (or expires) the waiting watches after a backfill at `rv`; a watch from an
@@ -500,7 +536,7 @@ impl CachedObject {
         }
     }
 
-    /// Watches whose backfill did not answer in time (a mirror cannot list) get their 410.
+    /// Watches whose backfill did not answer in time get their 410.
     fn expire_backfills(&mut self) {
         let now = Instant::now();
         if self.backfill.iter().any(|(_, deadline)| now >= *deadline) {
@@ -671,6 +707,10 @@ impl CachedObject {
     }
 }
 
+/// How much longer than a read of a future RV a watch waits for its backfill: the
+/// replay's upstream watch waits up to three seconds for the upstream's bookmark.
+const BACKFILL_GRACE: Duration = Duration::from_secs(5);
+
 /// A watch from `rv` may wait for a backfill: the window is complete since its list (so
 /// its state there can be recovered) and `rv` is a real RV below it.
 fn requested_backfillable(window: &Window, rv: u64) -> bool {
@@ -734,7 +774,7 @@ impl StreamHandler<SourceMsg> for CachedObject {
                 self.set_progress(rv);
                 self.serve_pending();
             }
-            SourceMsg::ListedAt { rv, items } => self.on_listed_at(rv, items),
+            SourceMsg::Replayed { from, replay } => self.on_replayed(from, replay),
             SourceMsg::Role(role) => self.on_role(role),
             SourceMsg::Snapshot { since, reply } => {
                 let snap = self

@@ -764,9 +764,11 @@ impl KeyTask {
                     Some(SourceCmd::Probe) => {
                         let _ = fleet.client.publish(fleet.subjects.control(&self.token), Bytes::new()).await;
                     }
-                    // A mirror does not list upstream: the watch that wanted an older
-                    // window gets its 410 when its wait runs out.
-                    Some(SourceCmd::ListAt { .. }) => {}
+                    // A one-off upstream read, as an owner's: a young key's window is
+                    // extended back on every replica alike.
+                    Some(SourceCmd::Replay { from, to }) => {
+                        fleet.upstream.spawn_replay(&self.key, from, to, self.tx.clone());
+                    }
                 },
                 msg = events.next() => {
                     let Some(msg) = msg else { return Next::Contend };

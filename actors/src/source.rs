@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 
 use crate::cached_object::KeyStatus;
 use crate::config::CacheConfig;
+use crate::core::backfill::Replay;
 use crate::core::event::{object_rv, StoreEvent};
 use crate::core::filter::EventType;
 use crate::core::key::{Key, Scope};
@@ -68,9 +69,10 @@ pub enum SourceMsg {
     },
     /// The key is known complete up to `rv` (an upstream bookmark).
     Progress { rv: u64 },
-    /// The answer to `SourceCmd::ListAt`: the key's objects at exactly `rv`, or `None`
-    /// when the upstream could not list it there (compacted, or a failure).
-    ListedAt { rv: u64, items: Option<Vec<Value>> },
+    /// The answer to `SourceCmd::Replay`: the key at exactly `from` and its events
+    /// since, or `None` when the upstream could not replay from there (compacted, its
+    /// own window passed, or a failure).
+    Replayed { from: u64, replay: Option<Replay> },
     /// The source failed and is backing off; reads keep being served from what is cached.
     Unhealthy { error: String },
     /// The key's role in the fleet changed (only with `--nats`).
@@ -115,10 +117,10 @@ pub struct OwnerSnapshot {
 pub enum SourceCmd {
     /// Establish progress now with a consistent list (a read is waiting for a newer RV).
     Probe,
-    /// List the key exactly at `rv` (`resourceVersionMatch=Exact`), answered with
-    /// `SourceMsg::ListedAt`: a watch from an RV older than a young key's list may still be
-    /// served if nothing changed since (`relist::unchanged_since`).
-    ListAt { rv: u64 },
+    /// Replay the key from `from` up to `to` (its list RV), answered with
+    /// `SourceMsg::Replayed`: a watch from an RV older than a young key's list is served
+    /// from a window extended back (`core::backfill`), as the API server would serve it.
+    Replay { from: u64, to: u64 },
 }
 
 /// A running source's control side; dropping it stops the task. Its events arrive on the
@@ -231,9 +233,8 @@ impl UpstreamSource {
         let (tx, events) = mpsc::channel(64);
         let (commands, cmd_rx) = mpsc::channel(4);
         let run = Run {
-            clients: self.clients.clone(),
+            up: self.reader(key),
             cfg: self.cfg.clone(),
-            limits: self.limits.clone(),
             key: key.clone(),
             tx,
             cmds: cmd_rx,
@@ -247,6 +248,23 @@ impl UpstreamSource {
     }
 }
 
+impl UpstreamSource {
+    fn reader(&self, key: &Key) -> Reader {
+        Reader {
+            clients: self.clients.clone(),
+            limits: self.limits.clone(),
+            key: key.clone(),
+        }
+    }
+
+    /// Replays `key` from `from` up to `to` in a task of its own and sends the answer
+    /// (`SourceMsg::Replayed`) to `tx`: for a source that holds no upstream watch of its
+    /// own (a fleet mirror).
+    pub fn spawn_replay(&self, key: &Key, from: u64, to: u64, tx: mpsc::Sender<SourceMsg>) {
+        tokio::spawn(self.reader(key).replay(from, to, tx));
+    }
+}
+
 impl SourceFactory for UpstreamSource {
     fn start(
         &self,
@@ -256,6 +274,9 @@ impl SourceFactory for UpstreamSource {
         self.start_at(key, None)
     }
 }
+
+/// `timeoutSeconds` of a replay's upstream watch (`Reader::replay`).
+const REPLAY_WATCH_SECS: u64 = 3;
 
 /// Longest upstream watch line accepted: etcd's default request limit is 1.5 MiB per
 /// object, and JSON can escape that to several times as many bytes.
@@ -352,10 +373,17 @@ impl Drop for WatchGauge {
     }
 }
 
-struct Run {
+/// The upstream reads of one key, shared by its source and its replays.
+#[derive(Clone)]
+struct Reader {
     clients: Arc<UpstreamClients>,
-    cfg: Arc<CacheConfig>,
     limits: Arc<UpstreamLimits>,
+    key: Key,
+}
+
+struct Run {
+    up: Reader,
+    cfg: Arc<CacheConfig>,
     key: Key,
     tx: mpsc::Sender<SourceMsg>,
     cmds: mpsc::Receiver<SourceCmd>,
@@ -369,6 +397,163 @@ enum WatchEnd {
     Failed(Option<Duration>),
     /// The CachedObject is gone: stop.
     Closed,
+}
+
+impl Reader {
+    fn uri(&self, params: &[(&str, String)]) -> String {
+        let mut q = url::form_urlencoded::Serializer::new(String::new());
+        if let Some(fs) = self.key.upstream_field_selector() {
+            q.append_pair("fieldSelector", &fs);
+        }
+        for (k, v) in params {
+            q.append_pair(k, v);
+        }
+        format!("{}?{}", self.key.upstream_path(), q.finish())
+    }
+
+    async fn list_params(&self, params: &[(&str, String)]) -> Result<(Vec<Value>, u64)> {
+        self.limits.pace().await;
+        // A closed semaphore cannot happen (never closed); treat it as no limit.
+        let _permit = self.limits.lists.acquire().await.ok();
+        metrics::counter!(m::UPSTREAM_LISTS, "group" => self.key.resource.group.clone(), "resource" => self.key.resource.resource.clone()).increment(1);
+        let uri = self.uri(params);
+        let req = http::Request::get(uri)
+            .body(Vec::new())
+            .map_err(|e| Error::ListFailed {
+                key: self.key.to_string(),
+                source: kube::Error::HttpError(e),
+            })?;
+        let conn = self.clients.checkout();
+        let list: Value = conn
+            .client()
+            .request(req)
+            .await
+            .map_err(|source| Error::ListFailed {
+                key: self.key.to_string(),
+                source,
+            })?;
+        let rv = list
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| Error::NoResourceVersion {
+                key: self.key.to_string(),
+            })?;
+        let kind = self.key.resource.kind.clone();
+        let api_version = self.key.resource.api_version();
+        let items = match list {
+            Value::Object(mut map) => match map.remove("items") {
+                Some(Value::Array(items)) => items,
+                _ => Vec::new(),
+            },
+            _ => Vec::new(),
+        };
+        // List items carry no kind/apiVersion; watch events must, so add them once here.
+        let items = items
+            .into_iter()
+            .map(|mut o| {
+                if let Some(obj) = o.as_object_mut() {
+                    obj.insert("kind".into(), Value::String(kind.clone()));
+                    obj.insert("apiVersion".into(), Value::String(api_version.clone()));
+                }
+                o
+            })
+            .collect();
+        Ok((items, rv))
+    }
+
+    /// Answers `SourceCmd::Replay`: the key at exactly `from`, then a watch from `from`
+    /// collecting events up to `to`. The watch ends at the first event past `to`, at
+    /// `to` itself (RVs are unique), or at the upstream's bookmark (its watch cache has
+    /// sent everything it had); `core::backfill` then checks the events reach the key's
+    /// state at `to`. A 410 or failure answers `None`.
+    async fn replay(self, from: u64, to: u64, tx: mpsc::Sender<SourceMsg>) {
+        let replay = match self.replay_from(from, to).await {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::info!(key = %self.key, from, error = %e, "cannot replay the key from an older resourceVersion");
+                None
+            }
+        };
+        let _ = tx.send(SourceMsg::Replayed { from, replay }).await;
+    }
+
+    async fn replay_from(&self, from: u64, to: u64) -> Result<Replay> {
+        let (at_from, _) = self
+            .list_params(&[
+                ("resourceVersion", from.to_string()),
+                ("resourceVersionMatch", "Exact".to_string()),
+            ])
+            .await?;
+        let mut replay = Replay {
+            at_from,
+            events: Vec::new(),
+        };
+        if from >= to {
+            return Ok(replay);
+        }
+        self.limits.pace().await;
+        // A 1.20 cache sends its bookmark two seconds before the watch's deadline, so
+        // three seconds bring one after about a second; the stream's end is the backstop.
+        let uri = self.uri(&[
+            ("watch", "true".into()),
+            ("resourceVersion", from.to_string()),
+            ("allowWatchBookmarks", "true".into()),
+            ("timeoutSeconds", REPLAY_WATCH_SECS.to_string()),
+        ]);
+        let key = self.key.to_string();
+        let req =
+            http::Request::get(uri)
+                .body(Vec::new())
+                .map_err(|e| Error::WatchStartFailed {
+                    key: key.clone(),
+                    source: kube::Error::HttpError(e),
+                })?;
+        let conn = self.clients.checkout();
+        let stream =
+            watch_events(conn.client(), req)
+                .await
+                .map_err(|source| Error::WatchStartFailed {
+                    key: key.clone(),
+                    source,
+                })?;
+        let _gauge = WatchGauge::open();
+        let mut stream = std::pin::pin!(stream);
+        let give_up = Duration::from_secs(REPLAY_WATCH_SECS + 2);
+        loop {
+            let event = match tokio::time::timeout(give_up, stream.next()).await {
+                Err(_) => {
+                    return Err(Error::WatchSilent {
+                        key,
+                        secs: give_up.as_secs(),
+                    })
+                }
+                Ok(None) => return Ok(replay),
+                Ok(Some(Err(source))) => return Err(Error::WatchFailed { key, source }),
+                Ok(Some(Ok(ev))) => ev,
+            };
+            let (kind, object) = match event {
+                WatchEvent::Added(o) => (EventType::Added, o),
+                WatchEvent::Modified(o) => (EventType::Modified, o),
+                WatchEvent::Deleted(o) => (EventType::Deleted, o),
+                WatchEvent::Bookmark(_) => return Ok(replay),
+                WatchEvent::Error(s) => {
+                    return Err(Error::WatchFailed {
+                        key,
+                        source: kube::Error::Api(s),
+                    })
+                }
+            };
+            let rv = object_rv(&object);
+            if rv > to {
+                return Ok(replay);
+            }
+            replay.events.push((kind, object, rv));
+            if rv == to {
+                return Ok(replay);
+            }
+        }
+    }
 }
 
 impl Run {
@@ -425,10 +610,8 @@ impl Run {
                         _ = tokio::time::sleep(verify) => {}
                         cmd = self.cmds.recv() => match cmd {
                             None => return,
-                            Some(SourceCmd::ListAt { rv }) => {
-                                if !self.list_at(rv).await {
-                                    return;
-                                }
+                            Some(SourceCmd::Replay { from, to }) => {
+                                tokio::spawn(self.up.clone().replay(from, to, self.tx.clone()));
                                 action = Action::Park;
                                 continue;
                             }
@@ -473,103 +656,27 @@ impl Run {
             .await;
     }
 
-    fn uri(&self, params: &[(&str, String)]) -> String {
-        let mut q = url::form_urlencoded::Serializer::new(String::new());
-        if let Some(fs) = self.key.upstream_field_selector() {
-            q.append_pair("fieldSelector", &fs);
-        }
-        for (k, v) in params {
-            q.append_pair(k, v);
-        }
-        format!("{}?{}", self.key.upstream_path(), q.finish())
-    }
-
     async fn list(&mut self, rv: Option<u64>) -> Result<(Vec<Value>, u64)> {
         match rv {
             // NotOlderThan the last RV: a relist must never go back in time, which `0` could.
             Some(rv) => self.list_with(rv, "NotOlderThan").await,
-            None => self.list_params(&[]).await,
+            None => self.up.list_params(&[]).await,
         }
     }
 
     async fn list_with(&mut self, rv: u64, matching: &str) -> Result<(Vec<Value>, u64)> {
-        self.list_params(&[
-            ("resourceVersion", rv.to_string()),
-            ("resourceVersionMatch", matching.to_string()),
-        ])
-        .await
-    }
-
-    /// Answers `SourceCmd::ListAt`; false when the CachedObject is gone.
-    async fn list_at(&mut self, rv: u64) -> bool {
-        let items = match self.list_with(rv, "Exact").await {
-            Ok((items, _)) => Some(items),
-            Err(e) => {
-                tracing::info!(key = %self.key, rv, error = %e, "cannot list the key at an older resourceVersion");
-                None
-            }
-        };
-        self.tx
-            .send(SourceMsg::ListedAt { rv, items })
+        self.up
+            .list_params(&[
+                ("resourceVersion", rv.to_string()),
+                ("resourceVersionMatch", matching.to_string()),
+            ])
             .await
-            .is_ok()
-    }
-
-    async fn list_params(&mut self, params: &[(&str, String)]) -> Result<(Vec<Value>, u64)> {
-        self.limits.pace().await;
-        // A closed semaphore cannot happen (never closed); treat it as no limit.
-        let _permit = self.limits.lists.acquire().await.ok();
-        metrics::counter!(m::UPSTREAM_LISTS, "group" => self.key.resource.group.clone(), "resource" => self.key.resource.resource.clone()).increment(1);
-        let uri = self.uri(params);
-        let req = http::Request::get(uri)
-            .body(Vec::new())
-            .map_err(|e| Error::ListFailed {
-                key: self.key.to_string(),
-                source: kube::Error::HttpError(e),
-            })?;
-        let conn = self.clients.checkout();
-        let list: Value = conn
-            .client()
-            .request(req)
-            .await
-            .map_err(|source| Error::ListFailed {
-                key: self.key.to_string(),
-                source,
-            })?;
-        let rv = list
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .and_then(|s| s.parse::<u64>().ok())
-            .ok_or_else(|| Error::NoResourceVersion {
-                key: self.key.to_string(),
-            })?;
-        let kind = self.key.resource.kind.clone();
-        let api_version = self.key.resource.api_version();
-        let items = match list {
-            Value::Object(mut map) => match map.remove("items") {
-                Some(Value::Array(items)) => items,
-                _ => Vec::new(),
-            },
-            _ => Vec::new(),
-        };
-        // List items carry no kind/apiVersion; watch events must, so add them once here.
-        let items = items
-            .into_iter()
-            .map(|mut o| {
-                if let Some(obj) = o.as_object_mut() {
-                    obj.insert("kind".into(), Value::String(kind.clone()));
-                    obj.insert("apiVersion".into(), Value::String(api_version.clone()));
-                }
-                o
-            })
-            .collect();
-        Ok((items, rv))
     }
 
     async fn watch(&mut self, rv: u64, state: &mut State) -> Result<WatchEnd> {
-        self.limits.pace().await;
+        self.up.limits.pace().await;
         let timeout = self.cfg.upstream_watch_timeout_secs.max(1);
-        let uri = self.uri(&[
+        let uri = self.up.uri(&[
             ("watch", "true".into()),
             ("resourceVersion", rv.to_string()),
             ("allowWatchBookmarks", "true".into()),
@@ -584,7 +691,7 @@ impl Run {
                     source: kube::Error::HttpError(e),
                 })?;
         // Held while the stream lives: it counts against its HTTP/2 connection.
-        let conn = self.clients.checkout();
+        let conn = self.up.clients.checkout();
         let stream = match watch_events(conn.client(), req).await {
             Ok(s) => s,
             Err(kube::Error::Api(s)) if s.code == 410 => return Ok(WatchEnd::Gone),
@@ -601,10 +708,9 @@ impl Run {
                 cmd = self.cmds.recv() => {
                     match cmd {
                         None => return Ok(WatchEnd::Closed),
-                        Some(SourceCmd::ListAt { rv }) => {
-                            if !self.list_at(rv).await {
-                                return Ok(WatchEnd::Closed);
-                            }
+                        Some(SourceCmd::Replay { from, to }) => {
+                            // Its own task: the key's events go on meanwhile.
+                            tokio::spawn(self.up.clone().replay(from, to, self.tx.clone()));
                             continue;
                         }
                         Some(SourceCmd::Probe) => {

@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use crate::body;
 use crate::cached_object::{self, CachedObject};
 use crate::core::bookmark::bookmark_line;
-use crate::core::event::{encode_line, with_rv, StoreEvent};
+use crate::core::event::{encode_line, with_rv, StoreEvent, BACKFILLED_SEQ};
 use crate::core::filter::{convert, Conversion, EventType, Filter};
 use crate::core::key::Key;
 use crate::core::rv::WatchPlan;
@@ -172,10 +172,14 @@ impl Watcher {
     }
 
     fn deliver(&mut self, ev: &StoreEvent, ctx: &mut Context<Self>) {
-        if ev.seq <= self.last_seq {
-            return;
+        // Events from before the key's list (`BACKFILLED_SEQ`) come only in a start's
+        // replay, once, ahead of every numbered event: the RV floor alone orders them.
+        if ev.seq != BACKFILLED_SEQ {
+            if ev.seq <= self.last_seq {
+                return;
+            }
+            self.last_seq = ev.seq;
         }
-        self.last_seq = ev.seq;
         if ev.rv <= self.floor {
             return;
         }

@@ -33,6 +33,11 @@ struct ServeArgs {
     /// Address to serve on.
     #[arg(long, env = "KCACHE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: String,
+    /// Serve /livez, /readyz, /metrics and /debug/keys on this address instead (plain
+    /// HTTP, unauthenticated: keep it on the pod network); the API address then proxies
+    /// the API server's own /livez, /readyz, /healthz and /metrics.
+    #[arg(long, env = "KCACHE_ADMIN_LISTEN")]
+    admin_listen: Option<String>,
     /// Configuration file (see config/kcache.toml).
     #[arg(long, env = "KCACHE_CONFIG")]
     config: Option<PathBuf>,
@@ -106,11 +111,18 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         )?;
         Serving::Tls(Box::new(tls))
     };
-    let listener = TcpListener::bind(&args.listen)?;
+    let listeners = kcache::server::Listeners {
+        api: TcpListener::bind(&args.listen)?,
+        admin: args
+            .admin_listen
+            .as_deref()
+            .map(TcpListener::bind)
+            .transpose()?,
+    };
     kcache::server::run(
         cfg,
         kube_config,
-        listener,
+        listeners,
         serving,
         metrics,
         shutdown_signal(),

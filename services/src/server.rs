@@ -67,10 +67,22 @@ pub enum Serving {
     Plain,
 }
 
+/// Where kcache serves: the Kubernetes API, and optionally the admin endpoints apart.
+pub struct Listeners {
+    pub api: TcpListener,
+    /// With it, `/livez`, `/readyz`, `/metrics` and `/debug/keys` are served here (plain
+    /// HTTP, no authentication: for kubelet probes and Prometheus on the pod network) and
+    /// the API listener is the API server's alone: its `/livez`, `/readyz`, `/healthz`
+    /// and `/metrics` are the API server's, proxied, as clients of an API server expect.
+    /// Without it, the admin endpoints share the API listener (authorized as the API
+    /// server authorizes its own non-resource paths).
+    pub admin: Option<TcpListener>,
+}
+
 pub async fn run(
     cfg: Config,
     kube_config: kube::Config,
-    listener: TcpListener,
+    listeners: Listeners,
     serving: Serving,
     metrics: PrometheusHandle,
     shutdown: impl Future<Output = ()>,
@@ -174,23 +186,48 @@ pub async fn run(
             }
         });
     }
+    let Listeners {
+        api: listener,
+        admin: admin_listener,
+    } = listeners;
     let admin = web::Data::new(Admin {
         health: health.clone(),
         metrics,
         registry: registry.clone(),
         api: state.clone(),
+        authorize: admin_listener.is_none(),
     });
     let addr = listener.local_addr().map_err(Error::Serve)?;
     let grace = Duration::from_secs(cfg.server.shutdown_grace_secs);
+    let admin_server = match admin_listener {
+        Some(l) => {
+            let admin_addr = l.local_addr().map_err(Error::Serve)?;
+            let admin = admin.clone();
+            let server = HttpServer::new(move || {
+                App::new()
+                    .app_data(admin.clone())
+                    .configure(admin_routes)
+                    .default_service(web::to(HttpResponse::NotFound))
+            })
+            .disable_signals()
+            .workers(1)
+            .listen(l)
+            .map_err(Error::Serve)?
+            .run();
+            tracing::info!(addr = %admin_addr, "admin endpoints listening (http)");
+            Some(server)
+        }
+        None => None,
+    };
+    let admin_shared = admin_server.is_none();
     let mut server = HttpServer::new(move || {
-        App::new()
-            .app_data(state.clone())
-            .app_data(admin.clone())
-            .route("/livez", web::get().to(livez))
-            .route("/readyz", web::get().to(readyz))
-            .route("/metrics", web::get().to(metrics_endpoint))
-            .route("/debug/keys", web::get().to(debug_keys))
-            .default_service(web::to(api::handle))
+        let app = App::new().app_data(state.clone()).app_data(admin.clone());
+        let app = if admin_shared {
+            app.configure(admin_routes)
+        } else {
+            app
+        };
+        app.default_service(web::to(api::handle))
     })
     .on_connect(crate::tls::connection_info)
     .disable_signals()
@@ -213,6 +250,10 @@ pub async fn run(
     let server = server.map_err(Error::Serve)?.run();
     tracing::info!(%addr, %scheme, %replica, "kcache listening");
     let handle = server.handle();
+    let admin_handle = admin_server.as_ref().map(|s| s.handle());
+    if let Some(admin_server) = admin_server {
+        actix_web::rt::spawn(admin_server);
+    }
     let mut server = std::pin::pin!(server);
     tokio::select! {
         res = &mut server => return res.map_err(Error::Serve),
@@ -234,6 +275,9 @@ pub async fn run(
     let stop = handle.stop(true);
     let _ = tokio::time::timeout(grace, stop).await;
     let _ = server.await;
+    if let Some(admin) = admin_handle {
+        admin.stop(false).await;
+    }
     tracing::info!("stopped");
     Ok(())
 }
@@ -267,15 +311,27 @@ struct Admin {
     metrics: PrometheusHandle,
     registry: actix::Addr<Registry>,
     api: web::Data<ApiState>,
+    /// False on a separate admin listener, whose network is the access control.
+    authorize: bool,
 }
 
-/// `/metrics` and `/debug/keys` are authorized as non-resource paths, as the API server
-/// does its own (`/livez` and `/readyz` are open to all, as the API server's
-/// `system:public-info-viewer` role makes them).
+fn admin_routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/livez", web::get().to(livez))
+        .route("/readyz", web::get().to(readyz))
+        .route("/metrics", web::get().to(metrics_endpoint))
+        .route("/debug/keys", web::get().to(debug_keys));
+}
+
+/// On the API listener, `/metrics` and `/debug/keys` are authorized as non-resource
+/// paths, as the API server does its own (`/livez` and `/readyz` are open to all, as the
+/// API server's `system:public-info-viewer` role makes them).
 async fn authorize_admin(
     req: &actix_web::HttpRequest,
     admin: &Admin,
 ) -> Result<(), crate::status::ApiError> {
+    if !admin.authorize {
+        return Ok(());
+    }
     let user = api::identify(req, &admin.api).await?;
     let attrs = Attributes::NonResource {
         verb: "get".into(),

@@ -578,6 +578,109 @@ async fn list_then_watch_on_a_young_key_gets_no_410_while_others_write() {
     assert!(kc.metric("kcache_window_backfills_total").await >= 1.0);
 }
 
+/// The events of a watch of `target` on `base` until `done` (a name and event type)
+/// arrives, as (type, name, resourceVersion), or until 15 s pass.
+async fn events_until(
+    base: &str,
+    target: &str,
+    done: (&str, &str),
+) -> Vec<(String, String, String)> {
+    let resp = insecure_http()
+        .get(format!("{base}{target}"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("watch");
+    assert_eq!(resp.status().as_u16(), 200, "{base}{target}");
+    let mut rx = support::event_channel(resp);
+    let mut seen = Vec::new();
+    while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(15), rx.recv()).await {
+        let name = ev["object"]["metadata"]["name"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let kind = ev["type"].as_str().unwrap_or("").to_string();
+        let rv = ev["object"]["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let last = (kind.as_str(), name.as_str()) == (done.1, done.0);
+        seen.push((kind, name, rv));
+        if last {
+            break;
+        }
+    }
+    seen
+}
+
+/// Kubernetes' conformance spec "should be able to start watching from a specific
+/// resource version", and worse: objects change between the client's RV and the list of
+/// the key its watch starts — one is updated twice and deleted, one leaves the watch's
+/// label selector, one is created. kcache replays what happened in between from the
+/// upstream (one replay for the key) and sends what the API server sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_young_key_replays_what_changed_before_its_list() {
+    let cluster = TestCluster::start().await;
+    let admin = cluster.kube_client().await;
+    create_namespace(&admin, "replay").await;
+    let kc = Kcache::start(&cluster, "").await;
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), "replay");
+    let cm = |name: &str, label: &str, v: &str| -> ConfigMap {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"watch-this": label}},
+            "data": {"v": v},
+        }))
+        .expect("a ConfigMap")
+    };
+    let pp = PostParams::default();
+    api.create(&pp, &cm("gone", "yes", "0"))
+        .await
+        .expect("create");
+    api.create(&pp, &cm("leaves", "yes", "0"))
+        .await
+        .expect("create");
+    let first = api
+        .replace("gone", &pp, &cm("gone", "yes", "1"))
+        .await
+        .expect("update");
+    let from = first.metadata.resource_version.expect("an RV");
+    api.replace("gone", &pp, &cm("gone", "yes", "2"))
+        .await
+        .expect("update");
+    api.replace("leaves", &pp, &cm("leaves", "no", "1"))
+        .await
+        .expect("update");
+    api.create(&pp, &cm("new", "yes", "0"))
+        .await
+        .expect("create");
+    api.delete("gone", &Default::default())
+        .await
+        .expect("delete");
+    // Unfiltered and through the label selector: the second needs each event's previous
+    // object to turn "leaves" into a DELETED.
+    for selector in ["", "&labelSelector=watch-this%3Dyes"] {
+        let target = format!(
+            "/api/v1/namespaces/replay/configmaps?watch=1&resourceVersion={from}{selector}"
+        );
+        let direct = events_until(&cluster.url, &target, ("gone", "DELETED")).await;
+        let cached = events_until(&kc.url, &target, ("gone", "DELETED")).await;
+        assert!(
+            direct.iter().any(|e| e.0 == "DELETED" && e.1 == "gone"),
+            "{target}: the API server sent {direct:?}"
+        );
+        assert_eq!(cached, direct, "{target}");
+    }
+    assert!(
+        support::kcache::sum_samples(
+            &kc.metrics_text().await,
+            "kcache_window_backfills_total",
+            Some("outcome=\"extended\"")
+        ) >= 1.0,
+        "no backfill counted as extended"
+    );
+    assert_eq!(kc.metric("kcache_watch_expired_total").await, 0.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anonymous_access_follows_the_upstream() {
     let cluster = TestCluster::start_with_args(&["--anonymous-auth=false"]).await;

@@ -8,6 +8,11 @@ use serde_json::Value;
 
 pub use crate::core::filter::EventType;
 
+/// The `seq` of events a young key learned of after its list, from the upstream's replay
+/// (`core::backfill`): they precede every numbered event, sit at the window's front, and
+/// reach a watcher only in its start's replay.
+pub const BACKFILLED_SEQ: u64 = 0;
+
 /// One change to a key's store. `seq` orders events of one key (it only grows, across
 /// relists too); `rv` is the resourceVersion the event happened at.
 #[derive(Debug)]

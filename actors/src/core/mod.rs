@@ -4,6 +4,7 @@
 //! `docs/architecture.md`); actors in the parent module are thin shells that feed these
 //! functions messages and run the actions they return.
 
+pub mod backfill;
 pub mod bookmark;
 pub mod event;
 pub mod filter;

@@ -81,34 +81,6 @@ pub fn diff(store: &Store, listed: Vec<Value>, list_rv: u64) -> Vec<Change> {
     changes
 }
 
-/// Whether a key's state at an older RV N (`older`, a list at exactly N) equals its state
-/// at the start of its window: then nothing happened to the key's objects between N and
-/// the window's list RV, and the window may begin at N — a watch from N replays exactly
-/// what the API server would send it.
-///
-/// The state at the window's start is the store with the window's events undone (each
-/// event keeps the object it replaced); only a window that evicted nothing since its list
-/// holds all of them, which the caller checks. Objects compare by (UID, resourceVersion).
-pub fn unchanged_since<'a>(
-    store: &Store,
-    window: impl DoubleEndedIterator<Item = &'a crate::core::event::StoreEvent>,
-    older: &[Value],
-) -> bool {
-    let version = |o: &Value| (object_uid(o).to_string(), object_rv(o));
-    let mut at_start: BTreeMap<String, (String, u64)> =
-        store.iter().map(|(k, o)| (k.clone(), version(o))).collect();
-    for ev in window.rev() {
-        let key = object_key(&ev.object);
-        match &ev.prev {
-            Some(prev) => at_start.insert(key, version(prev)),
-            None => at_start.remove(&key),
-        };
-    }
-    let at_n: BTreeMap<String, (String, u64)> =
-        older.iter().map(|o| (object_key(o), version(o))).collect();
-    at_start == at_n
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,51 +149,6 @@ mod tests {
         assert_eq!(got[0].object["metadata"]["uid"], "3");
         assert_eq!(got[4].object["metadata"]["resourceVersion"], "40");
         assert_eq!(got[3].prev.as_ref().map(|p| object_rv(p)), Some(6));
-    }
-
-    #[test]
-    fn unchanged_since_undoes_the_window_before_comparing() {
-        use crate::core::event::StoreEvent;
-        let ev = |seq, rv, kind, o: Value, prev: Option<Value>| {
-            StoreEvent::new(seq, rv, kind, Arc::new(o), prev.map(Arc::new))
-        };
-        // Listed at 20: a@5, b@6. Then b modified at 21, c added at 22, a deleted at 23.
-        let mut s = store(&[obj("b", "2", 21), obj("c", "3", 22)]);
-        let window = [
-            ev(
-                1,
-                21,
-                EventType::Modified,
-                obj("b", "2", 21),
-                Some(obj("b", "2", 6)),
-            ),
-            ev(2, 22, EventType::Added, obj("c", "3", 22), None),
-            ev(
-                3,
-                23,
-                EventType::Deleted,
-                obj("a", "1", 23),
-                Some(obj("a", "1", 5)),
-            ),
-        ];
-        // At N = 10 the key held a@5 and b@6: nothing changed in (10, 20].
-        assert!(unchanged_since(
-            &s,
-            window.iter(),
-            &[obj("a", "1", 5), obj("b", "2", 6)]
-        ));
-        // At N = 4 a did not exist yet (created at 5): something changed.
-        assert!(!unchanged_since(&s, window.iter(), &[obj("b", "2", 4)]));
-        // Same name, another object (deleted and recreated in between).
-        assert!(!unchanged_since(
-            &s,
-            window.iter(),
-            &[obj("a", "9", 5), obj("b", "2", 6)]
-        ));
-        // An empty window: the store itself is the state at the list RV.
-        s = store(&[obj("a", "1", 5)]);
-        assert!(unchanged_since(&s, std::iter::empty(), &[obj("a", "1", 5)]));
-        assert!(!unchanged_since(&s, std::iter::empty(), &[]));
     }
 
     #[test]

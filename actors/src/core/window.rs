@@ -73,13 +73,22 @@ impl Window {
         self.list_rv
     }
 
-    /// Moves the window's start back to `rv`: the caller proved that nothing happened to
-    /// the key between `rv` and the list RV (`relist::unchanged_since`). Ignored when
-    /// something was evicted, or `rv` is not older.
-    pub fn extend_back(&mut self, rv: u64) {
-        if !self.evicted_since_list && rv < self.list_rv {
-            self.list_rv = rv;
+    /// Moves the window's start back to `rv`, putting `events` — everything that
+    /// happened to the key in (`rv`, list RV], oldest first, from `core::backfill` — in
+    /// front. Refused (false) once something was evicted, when `rv` is not older, or when
+    /// the events do not fit: a window never holds more than its capacity.
+    pub fn prepend(&mut self, rv: u64, events: Vec<Arc<StoreEvent>>) -> bool {
+        if self.evicted_since_list
+            || rv >= self.list_rv
+            || self.events.len() + events.len() > self.capacity
+        {
+            return false;
         }
+        for ev in events.into_iter().rev() {
+            self.events.push_front(ev);
+        }
+        self.list_rv = rv;
+        true
     }
 
     /// Appends an event, evicting the oldest when full.
@@ -199,22 +208,27 @@ mod tests {
 
     #[test]
     fn a_complete_window_extends_back() {
-        let mut w = Window::new(2);
+        let mut w = Window::new(3);
         w.reset(20);
         assert!(w.since(10).is_err());
-        w.extend_back(10);
+        // Events before the list get seq 0: no watcher continues from inside them.
+        assert!(w.prepend(10, vec![ev(0, 12), ev(0, 15)]));
         assert_eq!(w.oldest_replayable(), 11);
-        assert!(w.since(10).is_ok());
+        assert_eq!(rvs(&w.since(10).unwrap()), vec![12, 15]);
+        assert_eq!(rvs(&w.since(12).unwrap()), vec![15]);
         // Never forward.
-        w.extend_back(15);
+        assert!(!w.prepend(15, vec![]));
         assert_eq!(w.oldest_replayable(), 11);
-        // Not once something was evicted.
+        // Not beyond the capacity.
+        assert!(!w.prepend(5, vec![ev(0, 6), ev(0, 7)]));
+        assert!(w.prepend(5, vec![]));
         w.push(ev(1, 21));
+        assert_eq!(w.since_seq(0, 1).map(|v| rvs(&v)), Some(vec![21]));
+        // Not once something was evicted.
         w.push(ev(2, 22));
-        w.push(ev(3, 23));
         assert!(!w.complete_since_list());
-        w.extend_back(5);
-        assert_eq!(w.oldest_replayable(), 22);
+        assert!(!w.prepend(1, vec![]));
+        assert_eq!(w.oldest_replayable(), 15);
     }
 
     #[test]
