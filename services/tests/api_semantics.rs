@@ -448,3 +448,55 @@ async fn watches_past_the_per_user_cap_get_429_with_retry_after() {
     )
     .await;
 }
+
+/// With `--admin-listen`, the API port is the API server's alone: its health endpoints
+/// (what `kubectl get --raw /readyz?verbose` and Kubernetes' "health handlers" spec read)
+/// and `/metrics` come from the API server, and kcache's own are on the admin port,
+/// served without a TokenReview.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_port_leaves_the_api_servers_health_endpoints_to_it() {
+    let cluster = TestCluster::start().await;
+    let kc = Kcache::start_with_admin_port(&cluster, "", &[]).await;
+    let http = support::insecure_http();
+    let text = |base: String, path: &'static str, token: Option<&'static str>| {
+        let http = http.clone();
+        async move {
+            let mut req = http.get(format!("{base}{path}"));
+            if let Some(t) = token {
+                req = req.bearer_auth(t);
+            }
+            let resp = req.send().await.expect("request");
+            let code = resp.status().as_u16();
+            (code, resp.text().await.unwrap_or_default())
+        }
+    };
+    for path in ["/healthz?verbose", "/livez?verbose", "/readyz?verbose"] {
+        let (up, up_body) = text(cluster.url.clone(), path, Some(TOKEN)).await;
+        let (ours, body) = text(kc.url.clone(), path, Some(TOKEN)).await;
+        assert_eq!((ours, up), (200, 200), "{path}: {body}");
+        // The API server's own checks, e.g. `[+]etcd ok`.
+        assert!(body.contains("[+]etcd ok"), "{path}: {body}");
+        assert!(up_body.contains("[+]etcd ok"), "{path}: {up_body}");
+    }
+    let (code, body) = text(kc.url.clone(), "/metrics", Some(TOKEN)).await;
+    assert_eq!(code, 200);
+    assert!(
+        body.contains("apiserver_request_total"),
+        "the API server's /metrics"
+    );
+    assert!(
+        !body.contains("kcache_"),
+        "kcache's metrics on the API port"
+    );
+    // The admin port: kcache's own, with no credentials.
+    let (code, body) = text(kc.admin_url.clone(), "/readyz", None).await;
+    assert_eq!((code, body.as_str()), (200, "ok"));
+    let (code, body) = text(kc.admin_url.clone(), "/metrics", None).await;
+    assert_eq!(code, 200);
+    assert!(body.contains("kcache_"), "{body}");
+    let (code, _) = text(kc.admin_url.clone(), "/debug/keys", None).await;
+    assert_eq!(code, 200);
+    // Nothing else: the Kubernetes API is not served there.
+    let (code, _) = text(kc.admin_url.clone(), "/api/v1/secrets", Some(TOKEN)).await;
+    assert_eq!(code, 404);
+}

@@ -9,6 +9,9 @@ use super::TestCluster;
 
 pub struct Kcache {
     pub url: String,
+    /// Where `/livez`, `/readyz`, `/metrics` and `/debug/keys` are: `url`, or the
+    /// `--admin-listen` address ([`Kcache::start_with_admin_port`]).
+    pub admin_url: String,
     pub log: PathBuf,
     child: Child,
 }
@@ -29,7 +32,22 @@ impl Kcache {
 
     /// As [`Kcache::start`], with extra command-line arguments.
     pub async fn start_with_args(cluster: &TestCluster, extra_toml: &str, args: &[&str]) -> Kcache {
+        Self::spawn(cluster, extra_toml, args, false).await
+    }
+
+    /// As [`Kcache::start_with_args`], with the admin endpoints on a port of their own
+    /// (`--admin-listen`): the API port is then the API server's alone.
+    pub async fn start_with_admin_port(
+        cluster: &TestCluster,
+        extra_toml: &str,
+        args: &[&str],
+    ) -> Kcache {
+        Self::spawn(cluster, extra_toml, args, true).await
+    }
+
+    async fn spawn(cluster: &TestCluster, extra_toml: &str, args: &[&str], admin: bool) -> Kcache {
         let port = free_port();
+        let admin_port = admin.then(free_port);
         let dir = cluster.dir_path();
         let config = dir.join(format!("kcache-{port}.toml"));
         std::fs::write(&config, extra_toml).expect("write kcache config");
@@ -42,6 +60,11 @@ impl Kcache {
             .arg("--config")
             .arg(&config)
             .args(args)
+            .args(
+                admin_port
+                    .iter()
+                    .flat_map(|p| ["--admin-listen".to_string(), format!("127.0.0.1:{p}")]),
+            )
             .env(
                 "KCACHE_LOG",
                 std::env::var("KCACHE_LOG").unwrap_or_else(|_| "info".into()),
@@ -50,8 +73,13 @@ impl Kcache {
             .stderr(log_file)
             .spawn()
             .expect("start kcache");
+        let url = format!("https://127.0.0.1:{port}");
         let mut k = Kcache {
-            url: format!("https://127.0.0.1:{port}"),
+            admin_url: match admin_port {
+                Some(p) => format!("http://127.0.0.1:{p}"),
+                None => url.clone(),
+            },
+            url,
             log,
             child,
         };
@@ -63,7 +91,7 @@ impl Kcache {
         let http = super::insecure_http();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok(r) = http.get(format!("{}/readyz", self.url)).send().await {
+            if let Ok(r) = http.get(format!("{}/readyz", self.admin_url)).send().await {
                 if r.status().is_success() {
                     return;
                 }
@@ -113,7 +141,7 @@ impl Kcache {
     /// kcache's /metrics text, read as admin.
     pub async fn metrics_text(&self) -> String {
         super::insecure_http()
-            .get(format!("{}/metrics", self.url))
+            .get(format!("{}/metrics", self.admin_url))
             .bearer_auth(super::ADMIN_TOKEN)
             .send()
             .await
@@ -130,7 +158,7 @@ impl Kcache {
 
     pub async fn debug_keys(&self) -> serde_json::Value {
         super::insecure_http()
-            .get(format!("{}/debug/keys", self.url))
+            .get(format!("{}/debug/keys", self.admin_url))
             .bearer_auth(super::ADMIN_TOKEN)
             .send()
             .await
