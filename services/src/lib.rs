@@ -9,6 +9,7 @@
 //! - [`table`]: `as=Table` answers for `kubectl get`.
 //! - [`status`]: Kubernetes `Status` errors.
 //! - [`tls`]: serving certificates.
+//! - [`hangup`]: clients that left while their response was idle.
 
 pub mod api;
 pub mod audit;
@@ -16,6 +17,7 @@ pub mod auth;
 pub mod authz;
 pub mod config;
 pub mod discovery;
+pub mod hangup;
 pub mod limits;
 pub mod proxy;
 pub mod request;

@@ -80,6 +80,9 @@ type Upstream =
 
 /// Which in-flight cap a proxied request counts against.
 ///
+/// How often an idle long-running response checks that its client is still there.
+const HANGUP_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Why long-running requests are apart: a proxied watch or `logs -f` holds its slot for
 /// minutes, so counting it with short requests would let a few hundred idle watches
 /// refuse every `kubectl apply`. The API server exempts them from its in-flight limits
@@ -355,11 +358,13 @@ impl Proxy {
         if declared.is_some_and(|n| n > self.max_body as u64) {
             return Err(self.too_large());
         }
-        let in_flight = self.slots.admit(Kind::of(
-            req.method().as_str(),
-            req.path(),
-            req.query_string(),
-        ))?;
+        let kind = Kind::of(req.method().as_str(), req.path(), req.query_string());
+        let in_flight = self.slots.admit(kind)?;
+        // A long-running response can sit idle for minutes: end it when its client
+        // hangs up, not at the next upstream event (`hangup`).
+        let hangup = (kind == Kind::LongRunning)
+            .then(|| req.conn_data::<crate::hangup::ConnSocket>().cloned())
+            .flatten();
         let uri = req
             .uri()
             .path_and_query()
@@ -422,7 +427,10 @@ impl Proxy {
             let _held = &in_flight;
             chunk.map_err(|e| actix_web::error::ErrorBadGateway(e.to_string()))
         });
-        Ok(out.streaming(stream))
+        Ok(match hangup {
+            Some(sock) => out.streaming(stream.take_until(Box::pin(sock.closed(HANGUP_CHECK)))),
+            None => out.streaming(stream),
+        })
     }
 
     /// The request body as it arrives, for the upstream request. A body already known to

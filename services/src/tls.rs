@@ -93,13 +93,22 @@ pub fn server_config(
 #[derive(Clone, Debug)]
 pub struct ClientCert(pub Vec<u8>);
 
-/// actix-web `on_connect` hook: keeps the verified client certificate for the handlers.
+/// actix-web `on_connect` hook: keeps the verified client certificate for the handlers,
+/// and a duplicate of the socket to notice a client that left (`hangup`).
 pub fn connection_info(conn: &dyn std::any::Any, ext: &mut actix_web::dev::Extensions) {
     use actix_tls::accept::rustls_0_23::TlsStream;
-    if let Some(tls) = conn.downcast_ref::<TlsStream<actix_web::rt::net::TcpStream>>() {
-        let (_, session) = tls.get_ref();
+    use actix_web::rt::net::TcpStream;
+    if let Some(tls) = conn.downcast_ref::<TlsStream<TcpStream>>() {
+        let (tcp, session) = tls.get_ref();
         if let Some(leaf) = session.peer_certificates().and_then(|c| c.first()) {
             ext.insert(ClientCert(leaf.as_ref().to_vec()));
+        }
+        if let Some(sock) = crate::hangup::ConnSocket::of(tcp) {
+            ext.insert(sock);
+        }
+    } else if let Some(tcp) = conn.downcast_ref::<TcpStream>() {
+        if let Some(sock) = crate::hangup::ConnSocket::of(tcp) {
+            ext.insert(sock);
         }
     }
 }

@@ -273,13 +273,10 @@ async fn in_flight_caps_answer_429_per_kind_and_recover() {
 }
 
 /// A proxied watch whose client goes away must give its slot back even while the upstream
-/// sends nothing. Known bug: in full-suite runs (2 of 3 on a 2-core machine; it passes
-/// alone) the slot is still held after 30 s — kcache's HTTP/1.1 dispatcher does not always
-/// notice the client's FIN while the proxied body is idle, so the slot is held until the
-/// upstream watch ends. Left failing and ignored until the proxy watches for the
-/// disconnect itself; run with `--ignored`.
+/// sends nothing. kcache's HTTP/1.1 dispatcher does not always notice the client's FIN
+/// while the proxied body is idle (seen in 2 of 3 full-suite runs before `hangup`), so the
+/// proxy asks the kernel whether the client hung up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known bug: an idle proxied watch whose client left can keep its in-flight slot (see doc comment)"]
 async fn a_closed_proxied_watch_frees_its_slot() {
     let cluster = TestCluster::start().await;
     create_namespace(&cluster.kube_client().await, NS).await;
