@@ -21,7 +21,7 @@ use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use http_body_util::channel::Channel;
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::TokioExecutor;
@@ -390,7 +390,16 @@ impl Proxy {
                 builder = builder.header("Impersonate-Group", g.as_str());
             }
         }
-        let (upstream_body, failure) = self.stream_body(body.into_inner());
+        let (upstream_body, failure) = match declared {
+            // A body of declared length (nearly every API write) is read whole first: it
+            // goes upstream complete or not at all, and a short one is the client's 400
+            // here rather than an upstream failure.
+            Some(len) => (
+                read_declared(body.into_inner(), len, req).await?,
+                Arc::new(OnceLock::new()),
+            ),
+            None => self.stream_body(body.into_inner()),
+        };
         let upstream_req = builder
             .body(upstream_body)
             .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
@@ -433,9 +442,9 @@ impl Proxy {
         })
     }
 
-    /// The request body as it arrives, for the upstream request. A body already known to
-    /// be empty (none, `Content-Length: 0`, or an HTTP/2 stream that ended with its
-    /// headers) is sent as none, so a GET does not go upstream chunked; the check does not
+    /// A request body of no declared length (chunked), as it arrives, for the upstream
+    /// request. A body already known to be empty (none, or an HTTP/2 stream that ended
+    /// with its headers) is sent as none, so a GET does not go upstream chunked; the check does not
     /// wait, so a client that stalls before its body stalls only the upstream request,
     /// which the API server's request timeout bounds. The rest is pumped by a task on this
     /// worker (the client's payload cannot leave it) into a bounded channel; past
@@ -481,6 +490,46 @@ impl Proxy {
         });
         (body.map_err(BoxError::from).boxed_unsync(), failure)
     }
+}
+
+/// How long a client may take to send a body of declared length.
+const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Reads a body whose `Content-Length` is `len` (at most `max_request_body_bytes`, checked
+/// before) to its end.
+async fn read_declared(
+    mut payload: dev::Payload,
+    len: u64,
+    req: &HttpRequest,
+) -> Result<UpstreamBody, ApiError> {
+    let mut buf = bytes::BytesMut::with_capacity(len as usize);
+    let read = async {
+        while let Some(chunk) = payload.next().await {
+            let chunk = chunk
+                .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+            if (buf.len() + chunk.len()) as u64 > len {
+                return Err(ApiError::bad_request(format!(
+                    "request body longer than its Content-Length ({len})"
+                )));
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(BODY_READ_TIMEOUT, read).await {
+        Err(_) => return Err(ApiError::bad_request("timed out reading the request body")),
+        Ok(r) => r?,
+    }
+    if buf.len() as u64 != len {
+        tracing::warn!(method = %req.method(), path = %req.path(), version = ?req.version(), declared = len, received = buf.len(), "request body shorter than its Content-Length");
+        return Err(ApiError::bad_request(format!(
+            "request body of {} bytes where its Content-Length says {len}",
+            buf.len()
+        )));
+    }
+    Ok(Full::new(buf.freeze())
+        .map_err(|never| match never {})
+        .boxed_unsync())
 }
 
 fn empty() -> UpstreamBody {
