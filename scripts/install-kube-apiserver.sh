@@ -20,25 +20,18 @@ if [[ -x $bin/kube-apiserver && -x $bin/etcd ]] && grep -qs 'reflect2 1.0.2' "$s
   exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-sources=/etc/apt/sources.list.d/debian.sources
-# `apt-get source` needs deb-src entries; Debian 12 images ship deb822 sources without them.
-if [[ -f $sources ]] && ! grep -q 'deb-src' "$sources"; then
-  sed -i 's/^Types: deb$/Types: deb deb-src/' "$sources"
-fi
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/k8s-source.sh
+source "$here/k8s-source.sh"
 apt-get update -qq >/dev/null
 apt-get install -y -qq etcd-server golang-go rsync jq dpkg-dev openssl \
   golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev >/dev/null
 mkdir -p "$bin"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cd "$tmp"
-apt-get source -qq --download-only kubernetes >/dev/null
-tar xzf kubernetes_*.orig.tar.gz
-cd kubernetes-*/
-for pkg in github.com/modern-go/reflect2 github.com/json-iterator/go; do
-  rm -rf "vendor/$pkg"
-  cp -r "/usr/share/gocode/src/$pkg" "vendor/$pkg"
-done
+# Download, extract, swap reflect2 + json-iterator (k8s-source.sh).
+tree=$(k8s_patched_source "$tmp")
+cd "$tree"
 mkdir -p "$tmp/home"
 if ! env HOME="$tmp/home" CGO_ENABLED=0 make WHAT=cmd/kube-apiserver >"$tmp/build.log" 2>&1; then
   tail -40 "$tmp/build.log" >&2

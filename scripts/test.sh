@@ -15,6 +15,10 @@ export KCACHE_K8S_BIN
   echo "test.sh: no kube-apiserver/etcd in '$KCACHE_K8S_BIN'" >&2
   exit 1
 }
+# Kubernetes' own api-machinery e2e specs, built once from the same source tree
+# (services/tests/conformance.rs runs them directly and through kcache).
+KCACHE_E2E_TEST=$(scripts/install-e2e-specs.sh | tail -1)
+export KCACHE_E2E_TEST
 set -x
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -52,7 +52,7 @@ pub fn free_port() -> u16 {
 
 /// The directory holding `kube-apiserver` and `etcd`: `$KCACHE_K8S_BIN`, else the last line
 /// printed by `scripts/install-kube-apiserver.sh` (which builds them on first use).
-fn bin_dir() -> PathBuf {
+pub fn bin_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("KCACHE_K8S_BIN") {
         return PathBuf::from(dir);
     }
