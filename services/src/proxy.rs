@@ -502,7 +502,8 @@ async fn read_declared(
     len: u64,
     req: &HttpRequest,
 ) -> Result<UpstreamBody, ApiError> {
-    let mut buf = bytes::BytesMut::with_capacity(len as usize);
+    // Grown as bytes arrive: a declared length costs nothing until it is sent.
+    let mut buf = bytes::BytesMut::with_capacity(len.min(64 << 10) as usize);
     let read = async {
         while let Some(chunk) = payload.next().await {
             let chunk = chunk
