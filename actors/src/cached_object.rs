@@ -28,7 +28,9 @@ use crate::core::store::Store;
 use crate::core::window::{self, Window};
 use crate::listener::{Listener, Publish};
 use crate::metrics as m;
-use crate::source::{OwnerSnapshot, Role, SourceCmd, SourceFactory, SourceHandle, SourceMsg};
+use crate::source::{
+    OwnerSnapshot, ReplayCmd, Role, SourceCmd, SourceFactory, SourceHandle, SourceMsg,
+};
 use crate::watcher::{self, Watcher};
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -183,8 +185,8 @@ pub struct CachedObject {
     /// Watches from an RV older than this young key's window, waiting for a list at that
     /// RV to show whether the window may start there (`backfill`).
     backfill: Vec<(Subscribe, Instant)>,
-    /// The RV of the `SourceCmd::ListAt` in flight.
-    backfill_at: Option<u64>,
+    /// The RV of the `SourceCmd::Replay` in flight, and when it was asked for.
+    backfill_at: Option<(u64, Instant)>,
     epoch: Instant,
     labels: [(&'static str, String); 2],
     /// Set while this replica owns the key in the fleet: every event goes out through it.
@@ -453,29 +455,39 @@ impl CachedObject {
     /// happened since (`on_replayed`) and the watch starts normally, as the API server
     /// would serve it, else it gets its 410. One replay in flight per key.
     fn backfill(&mut self, sub: Subscribe) {
+        let now = Instant::now();
         // The replay's own upstream watch ends within a few seconds (`source::Reader`).
-        let deadline = Instant::now() + self.cfg.block_timeout() + BACKFILL_GRACE;
+        let deadline = now + self.cfg.block_timeout() + BACKFILL_GRACE;
         let rv = sub.plan.from_rv;
         self.backfill.push((sub, deadline));
-        if self.backfill_at.is_some() {
+        // One replay per key at a time; one that never answered (its task died with a
+        // source) stops blocking the next after a while.
+        if self
+            .backfill_at
+            .is_some_and(|(_, asked)| now.duration_since(asked) < BACKFILL_ABANDON)
+        {
             return;
         }
-        let to = self.window.list_rv();
-        let sent = self.source.as_ref().is_some_and(|src| {
-            src.commands
-                .try_send(SourceCmd::Replay { from: rv, to })
-                .is_ok()
-        });
+        let cmd = ReplayCmd {
+            from: rv,
+            to: self.window.list_rv(),
+            max_events: self.window.room(),
+        };
+        let sent = self
+            .source
+            .as_ref()
+            .is_some_and(|src| src.commands.try_send(SourceCmd::Replay(cmd)).is_ok());
         if sent {
-            self.backfill_at = Some(rv);
+            self.backfill_at = Some((rv, now));
         } else {
-            self.end_backfill(None);
+            self.backfill_at = None;
+            self.end_backfill(rv, false);
         }
     }
 
     /// The source's replay from `from` (`None`: it could not).
     fn on_replayed(&mut self, from: u64, replay: Option<Replay>) {
-        if self.backfill_at != Some(from) {
+        if self.backfill_at.map(|(rv, _)| rv) != Some(from) {
             return;
         }
         self.backfill_at = None;
@@ -523,25 +535,28 @@ impl CachedObject {
             },
         };
         metrics::counter!(m::WINDOW_BACKFILLS, "group" => self.labels[0].1.clone(), "resource" => self.labels[1].1.clone(), "outcome" => outcome).increment(1);
-        self.end_backfill(Some(from));
+        self.end_backfill(from, outcome == "extended");
     }
 
-    /// Starts (or expires) the waiting watches after a backfill at `rv`; a watch from an
-    /// older RV than that, which arrived meanwhile, gets its own round.
-    fn end_backfill(&mut self, rv: Option<u64>) {
+    /// Starts (or expires) the waiting watches after a replay from `rv`
+    /// (`backfill::another_round` decides which get a replay of their own).
+    fn end_backfill(&mut self, rv: u64, ok: bool) {
         let waiting = std::mem::take(&mut self.backfill);
         for (sub, _) in waiting {
-            let again = rv.is_some_and(|rv| sub.plan.from_rv < rv);
+            let again = backfill::another_round(ok, rv, sub.plan.from_rv);
             self.activate_with(sub, again);
         }
     }
 
-    /// Watches whose backfill did not answer in time get their 410.
+    /// Watches whose replay did not answer in time get their 410; the others wait on.
     fn expire_backfills(&mut self) {
         let now = Instant::now();
-        if self.backfill.iter().any(|(_, deadline)| now >= *deadline) {
-            self.backfill_at = None;
-            self.end_backfill(None);
+        let (overdue, waiting) = std::mem::take(&mut self.backfill)
+            .into_iter()
+            .partition(|(_, deadline)| now >= *deadline);
+        self.backfill = waiting;
+        for (sub, _) in overdue {
+            self.activate_with(sub, false);
         }
     }
 
@@ -708,8 +723,11 @@ impl CachedObject {
 }
 
 /// How much longer than a read of a future RV a watch waits for its backfill: the
-/// replay's upstream watch waits up to three seconds for the upstream's bookmark.
+/// replay's upstream watch runs up to three seconds.
 const BACKFILL_GRACE: Duration = Duration::from_secs(5);
+
+/// A replay that has not answered in this long no longer blocks the key's next one.
+const BACKFILL_ABANDON: Duration = Duration::from_secs(120);
 
 /// A watch from `rv` may wait for a backfill: the window is complete since its list (so
 /// its state there can be recovered) and `rv` is a real RV below it.

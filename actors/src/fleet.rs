@@ -766,8 +766,8 @@ impl KeyTask {
                     }
                     // A one-off upstream read, as an owner's: a young key's window is
                     // extended back on every replica alike.
-                    Some(SourceCmd::Replay { from, to }) => {
-                        fleet.upstream.spawn_replay(&self.key, from, to, self.tx.clone());
+                    Some(SourceCmd::Replay(cmd)) => {
+                        fleet.upstream.spawn_replay(&self.key, cmd, self.tx.clone());
                     }
                 },
                 msg = events.next() => {

@@ -52,6 +52,8 @@ pub enum Error {
     },
     #[error("upstream watch of {key} went silent for {secs} s")]
     WatchSilent { key: String, secs: u64 },
+    #[error("replay of {key} holds more than the {max} events its window has room for")]
+    ReplayTooLong { key: String, max: usize },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -120,7 +122,15 @@ pub enum SourceCmd {
     /// Replay the key from `from` up to `to` (its list RV), answered with
     /// `SourceMsg::Replayed`: a watch from an RV older than a young key's list is served
     /// from a window extended back (`core::backfill`), as the API server would serve it.
-    Replay { from: u64, to: u64 },
+    Replay(ReplayCmd),
+}
+
+/// What `SourceCmd::Replay` asks, for a task of its own ([`UpstreamSource::spawn_replay`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayCmd {
+    pub from: u64,
+    pub to: u64,
+    pub max_events: usize,
 }
 
 /// A running source's control side; dropping it stops the task. Its events arrive on the
@@ -260,8 +270,8 @@ impl UpstreamSource {
     /// Replays `key` from `from` up to `to` in a task of its own and sends the answer
     /// (`SourceMsg::Replayed`) to `tx`: for a source that holds no upstream watch of its
     /// own (a fleet mirror).
-    pub fn spawn_replay(&self, key: &Key, from: u64, to: u64, tx: mpsc::Sender<SourceMsg>) {
-        tokio::spawn(self.reader(key).replay(from, to, tx));
+    pub fn spawn_replay(&self, key: &Key, cmd: ReplayCmd, tx: mpsc::Sender<SourceMsg>) {
+        tokio::spawn(self.reader(key).replay(cmd, tx));
     }
 }
 
@@ -463,12 +473,21 @@ impl Reader {
     }
 
     /// Answers `SourceCmd::Replay`: the key at exactly `from`, then a watch from `from`
-    /// collecting events up to `to`. The watch ends at the first event past `to`, at
-    /// `to` itself (RVs are unique), or at the upstream's bookmark (its watch cache has
-    /// sent everything it had); `core::backfill` then checks the events reach the key's
-    /// state at `to`. A 410 or failure answers `None`.
-    async fn replay(self, from: u64, to: u64, tx: mpsc::Sender<SourceMsg>) {
-        let replay = match self.replay_from(from, to).await {
+    /// collecting events up to `to`. The watch ends at the first event at or past `to`
+    /// (RVs are unique), at a bookmark at or past `to`, or when the upstream ends it
+    /// (`REPLAY_WATCH_SECS`): a 1.20 bookmark carries the last RV its watch cache
+    /// processed for the resource, often below `to` (an etcd revision that other
+    /// resources moved on), so the end of the stream, seconds after the key's list, is
+    /// the evidence that the cache sent what it had. `core::backfill` then checks the
+    /// events reach the key's state at `to`. More events than `max_events` (the window's
+    /// room), a 410 or a failure answer `None`.
+    async fn replay(self, cmd: ReplayCmd, tx: mpsc::Sender<SourceMsg>) {
+        let ReplayCmd {
+            from,
+            to,
+            max_events,
+        } = cmd;
+        let replay = match self.replay_from(from, to, max_events).await {
             Ok(r) => Some(r),
             Err(e) => {
                 tracing::info!(key = %self.key, from, error = %e, "cannot replay the key from an older resourceVersion");
@@ -478,7 +497,7 @@ impl Reader {
         let _ = tx.send(SourceMsg::Replayed { from, replay }).await;
     }
 
-    async fn replay_from(&self, from: u64, to: u64) -> Result<Replay> {
+    async fn replay_from(&self, from: u64, to: u64, max_events: usize) -> Result<Replay> {
         let (at_from, _) = self
             .list_params(&[
                 ("resourceVersion", from.to_string()),
@@ -536,7 +555,16 @@ impl Reader {
                 WatchEvent::Added(o) => (EventType::Added, o),
                 WatchEvent::Modified(o) => (EventType::Modified, o),
                 WatchEvent::Deleted(o) => (EventType::Deleted, o),
-                WatchEvent::Bookmark(_) => return Ok(replay),
+                WatchEvent::Bookmark(b) => {
+                    if b.metadata
+                        .resource_version
+                        .parse::<u64>()
+                        .is_ok_and(|rv| rv >= to)
+                    {
+                        return Ok(replay);
+                    }
+                    continue;
+                }
                 WatchEvent::Error(s) => {
                     return Err(Error::WatchFailed {
                         key,
@@ -547,6 +575,12 @@ impl Reader {
             let rv = object_rv(&object);
             if rv > to {
                 return Ok(replay);
+            }
+            if replay.events.len() >= max_events {
+                return Err(Error::ReplayTooLong {
+                    key,
+                    max: max_events,
+                });
             }
             replay.events.push((kind, object, rv));
             if rv == to {
@@ -610,8 +644,8 @@ impl Run {
                         _ = tokio::time::sleep(verify) => {}
                         cmd = self.cmds.recv() => match cmd {
                             None => return,
-                            Some(SourceCmd::Replay { from, to }) => {
-                                tokio::spawn(self.up.clone().replay(from, to, self.tx.clone()));
+                            Some(SourceCmd::Replay(cmd)) => {
+                                tokio::spawn(self.up.clone().replay(cmd, self.tx.clone()));
                                 action = Action::Park;
                                 continue;
                             }
@@ -708,9 +742,9 @@ impl Run {
                 cmd = self.cmds.recv() => {
                     match cmd {
                         None => return Ok(WatchEnd::Closed),
-                        Some(SourceCmd::Replay { from, to }) => {
+                        Some(SourceCmd::Replay(cmd)) => {
                             // Its own task: the key's events go on meanwhile.
-                            tokio::spawn(self.up.clone().replay(from, to, self.tx.clone()));
+                            tokio::spawn(self.up.clone().replay(cmd, self.tx.clone()));
                             continue;
                         }
                         Some(SourceCmd::Probe) => {

@@ -8,6 +8,10 @@
 //! socket and asks the kernel, without reading anything, whether the peer hung up
 //! (`poll(2)` with `POLLRDHUP`): what `curl` closing, a kubelet restarting or an informer
 //! giving up all look like.
+//!
+//! Limits: on HTTP/2 it sees the whole connection go, not one stream's reset (actix-web
+//! does not surface RST_STREAM to a response that is waiting for its body); each
+//! connection holds a second file descriptor; Linux only (elsewhere it never fires).
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
@@ -29,6 +33,7 @@ impl ConnSocket {
 
     /// Whether the peer closed its side (FIN) or the connection failed (reset). Reads
     /// nothing: data the server has not read yet stays where it is.
+    #[cfg(target_os = "linux")]
     pub fn peer_closed(&self) -> bool {
         let mut p = libc::pollfd {
             fd: self.0.as_raw_fd(),
@@ -39,6 +44,11 @@ impl ConnSocket {
         // makes the call a non-blocking check.
         let n = unsafe { libc::poll(&mut p, 1, 0) };
         n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn peer_closed(&self) -> bool {
+        false
     }
 
     /// Resolves once the peer closed, checking every `every`.

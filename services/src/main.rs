@@ -34,7 +34,8 @@ struct ServeArgs {
     #[arg(long, env = "KCACHE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: String,
     /// Serve /livez, /readyz, /metrics and /debug/keys on this address instead (plain
-    /// HTTP, unauthenticated: keep it on the pod network); the API address then proxies
+    /// HTTP; /metrics unauthenticated, keep it on the pod network; /debug/keys still
+    /// authorized); the API address then proxies
     /// the API server's own /livez, /readyz, /healthz and /metrics.
     #[arg(long, env = "KCACHE_ADMIN_LISTEN")]
     admin_listen: Option<String>,

@@ -358,6 +358,17 @@ impl Proxy {
         if declared.is_some_and(|n| n > self.max_body as u64) {
             return Err(self.too_large());
         }
+        // A small body of declared length (nearly every API write) is read whole first,
+        // before it takes a slot (a client that never sends it holds only its connection):
+        // it goes upstream complete or not at all, and a short one is the client's 400
+        // here rather than an upstream failure. Larger ones stream.
+        let payload = body.into_inner();
+        let (whole, streamed) = match declared {
+            Some(len) if len <= WHOLE_BODY_MAX => {
+                (Some(read_declared(payload, len, req).await?), None)
+            }
+            _ => (None, Some(payload)),
+        };
         let kind = Kind::of(req.method().as_str(), req.path(), req.query_string());
         let in_flight = self.slots.admit(kind)?;
         // A long-running response can sit idle for minutes: end it when its client
@@ -390,15 +401,10 @@ impl Proxy {
                 builder = builder.header("Impersonate-Group", g.as_str());
             }
         }
-        let (upstream_body, failure) = match declared {
-            // A body of declared length (nearly every API write) is read whole first: it
-            // goes upstream complete or not at all, and a short one is the client's 400
-            // here rather than an upstream failure.
-            Some(len) => (
-                read_declared(body.into_inner(), len, req).await?,
-                Arc::new(OnceLock::new()),
-            ),
-            None => self.stream_body(body.into_inner()),
+        let (upstream_body, failure) = match (whole, streamed) {
+            (Some(whole), _) => (whole, Arc::new(OnceLock::new())),
+            (None, Some(payload)) => self.stream_body(payload),
+            (None, None) => (empty(), Arc::new(OnceLock::new())),
         };
         let upstream_req = builder
             .body(upstream_body)
@@ -442,8 +448,8 @@ impl Proxy {
         })
     }
 
-    /// A request body of no declared length (chunked), as it arrives, for the upstream
-    /// request. A body already known to be empty (none, or an HTTP/2 stream that ended
+    /// A request body of no declared length (chunked) or a large one, as it arrives, for
+    /// the upstream request. A body already known to be empty (none, or an HTTP/2 stream that ended
     /// with its headers) is sent as none, so a GET does not go upstream chunked; the check does not
     /// wait, so a client that stalls before its body stalls only the upstream request,
     /// which the API server's request timeout bounds. The rest is pumped by a task on this
@@ -492,18 +498,19 @@ impl Proxy {
     }
 }
 
-/// How long a client may take to send a body of declared length.
-const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// Bodies of declared length up to this are read whole before going upstream.
+const WHOLE_BODY_MAX: u64 = 64 << 10;
 
-/// Reads a body whose `Content-Length` is `len` (at most `max_request_body_bytes`, checked
-/// before) to its end.
+/// How long a client may take to send such a body.
+const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reads a body whose `Content-Length` is `len` (at most `WHOLE_BODY_MAX`) to its end.
 async fn read_declared(
     mut payload: dev::Payload,
     len: u64,
     req: &HttpRequest,
 ) -> Result<UpstreamBody, ApiError> {
-    // Grown as bytes arrive: a declared length costs nothing until it is sent.
-    let mut buf = bytes::BytesMut::with_capacity(len.min(64 << 10) as usize);
+    let mut buf = bytes::BytesMut::with_capacity(len as usize);
     let read = async {
         while let Some(chunk) = payload.next().await {
             let chunk = chunk

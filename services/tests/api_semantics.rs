@@ -494,7 +494,13 @@ async fn an_admin_port_leaves_the_api_servers_health_endpoints_to_it() {
     let (code, body) = text(kc.admin_url.clone(), "/metrics", None).await;
     assert_eq!(code, 200);
     assert!(body.contains("kcache_"), "{body}");
+    // Key names are object names: still authorized there.
     let (code, _) = text(kc.admin_url.clone(), "/debug/keys", None).await;
+    assert!(
+        code == 401 || code == 403,
+        "/debug/keys without credentials: {code}"
+    );
+    let (code, _) = text(kc.admin_url.clone(), "/debug/keys", Some(TOKEN)).await;
     assert_eq!(code, 200);
     // Nothing else: the Kubernetes API is not served there.
     let (code, _) = text(kc.admin_url.clone(), "/api/v1/secrets", Some(TOKEN)).await;

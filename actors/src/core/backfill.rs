@@ -109,6 +109,18 @@ pub fn events_since<'a>(
     Ok(out)
 }
 
+/// Whether a watch from `watch_rv` that waited on a replay from `replayed` gets a replay
+/// of its own: after a success, one from an older RV (it arrived meanwhile); after a
+/// failure, one from a newer RV (an older RV failing says nothing of it). Each round
+/// moves strictly away from the last, so the rounds end.
+pub fn another_round(ok: bool, replayed: u64, watch_rv: u64) -> bool {
+    if ok {
+        watch_rv < replayed
+    } else {
+        watch_rv > replayed
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,6 +222,26 @@ mod tests {
             events: vec![],
         };
         assert!(events_since(&s, w.iter(), 20, 16, replay).is_err());
+    }
+
+    #[test]
+    fn rounds_move_away_from_the_last_replay() {
+        for (ok, replayed, watch_rv, again) in [
+            // Served by the extended window.
+            (true, 10, 10, false),
+            (true, 10, 15, false),
+            (true, 10, 5, true),
+            // The upstream could not replay 10 (compacted): 5 cannot be either.
+            (false, 10, 10, false),
+            (false, 10, 5, false),
+            (false, 10, 15, true),
+        ] {
+            assert_eq!(
+                another_round(ok, replayed, watch_rv),
+                again,
+                "{ok} {replayed} {watch_rv}"
+            );
+        }
     }
 
     #[test]

@@ -45,6 +45,11 @@ impl Window {
         self.events.len()
     }
 
+    /// How many more events fit before the oldest is evicted.
+    pub fn room(&self) -> usize {
+        self.capacity - self.events.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.events.is_empty()
     }
