@@ -203,11 +203,13 @@ fn tail(path: &Path, lines: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubernetes_api_machinery_specs_pass_through_kcache() {
     let specs = specs();
-    assert!(
-        specs.len() >= 30,
-        "conformance/specs.txt lists {} specs",
-        specs.len()
-    );
+    // The whole list, unless a developer picked a few (`KCACHE_E2E_SPECS`).
+    let floor = if std::env::var_os("KCACHE_E2E_SPECS").is_some() {
+        1
+    } else {
+        40
+    };
+    assert!(specs.len() >= floor, "only {} specs to run", specs.len());
     // One API server per mode: specs make cluster-scoped objects with fixed names (CRDs),
     // so the same spec cannot run twice at once against one API server.
     let (direct_cluster, single_cluster, fleet_cluster) = tokio::join!(
