@@ -19,6 +19,7 @@ pub mod config;
 pub mod discovery;
 pub mod hangup;
 pub mod limits;
+pub mod process;
 pub mod proxy;
 pub mod request;
 pub mod server;

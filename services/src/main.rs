@@ -96,7 +96,14 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         None => kube::Config::infer().await?,
     };
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    // Histograms as Prometheus histograms (buckets), not summaries: they aggregate across
+    // replicas. Seconds, from a millisecond to a minute.
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(&[
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            60.0,
+        ])?
+        .install_recorder()?;
     let serving = if args.insecure_http {
         Serving::Plain
     } else {

@@ -88,6 +88,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     kcache_actors::metrics::describe();
+    crate::process::init();
     let resources = cfg.resource_types()?;
     let (client, clients) = if cfg.cache.upstream_http2 {
         (
@@ -361,6 +362,7 @@ async fn metrics_endpoint(
     admin: web::Data<Admin>,
 ) -> Result<HttpResponse, crate::status::ApiError> {
     authorize_admin(&req, &admin, false).await?;
+    crate::process::refresh();
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(admin.metrics.render()))

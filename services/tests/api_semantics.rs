@@ -505,4 +505,16 @@ async fn an_admin_port_leaves_the_api_servers_health_endpoints_to_it() {
     // Nothing else: the Kubernetes API is not served there.
     let (code, _) = text(kc.admin_url.clone(), "/api/v1/secrets", Some(TOKEN)).await;
     assert_eq!(code, 404);
+    // What an operator's dashboards read: the build, the process (RSS first), and
+    // histograms as buckets, which aggregate across replicas (the TokenReview above).
+    let (_, body) = text(kc.admin_url.clone(), "/metrics", None).await;
+    assert!(body.contains("kcache_build_info{version=\""), "{body}");
+    let rss = support::kcache::sum_samples(&body, "process_resident_memory_bytes", None);
+    assert!(rss > 1e6, "RSS {rss}");
+    assert!(support::kcache::sum_samples(&body, "process_open_fds", None) > 3.0);
+    assert!(
+        body.contains("kcache_auth_review_duration_seconds_bucket{"),
+        "{body}"
+    );
+    assert!(!body.contains("quantile=\""), "summaries: {body}");
 }
