@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what kcache's demo and tests need on a fresh Debian machine, when missing:
-# Debian packages (kubectl, nats-server, openssl, curl, python3) and the kube-apiserver
+# Debian packages (kubectl, nats-server, openssl, curl, python3, promtool) and the kube-apiserver
 # v1.20.2 + etcd build. Prints the kube-apiserver bin dir on its last line.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -14,5 +14,12 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null
   apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# promtool, for the alert rules' tests (deploy/observability); the package's server is
+# not needed.
+if ! command -v promtool >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 "$here/install-kube-apiserver.sh"
