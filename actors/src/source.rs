@@ -472,6 +472,42 @@ impl Reader {
         Ok((items, rv))
     }
 
+    async fn list_with(&self, rv: u64, matching: &str) -> Result<(Vec<Value>, u64)> {
+        self.list_params(&[
+            ("resourceVersion", rv.to_string()),
+            ("resourceVersionMatch", matching.to_string()),
+        ])
+        .await
+    }
+
+    /// Starts a watch of the key from `rv` with bookmarks, ending after `timeout_secs`;
+    /// the checkout is the stream's share of its upstream connection, to hold as long.
+    async fn open_watch(
+        &self,
+        rv: u64,
+        timeout_secs: u64,
+    ) -> Result<
+        (
+            crate::upstream_pool::Checkout,
+            impl futures::Stream<Item = Result<WatchEvent<Value>, kube::Error>>,
+        ),
+        kube::Error,
+    > {
+        self.limits.pace().await;
+        let uri = self.uri(&[
+            ("watch", "true".into()),
+            ("resourceVersion", rv.to_string()),
+            ("allowWatchBookmarks", "true".into()),
+            ("timeoutSeconds", timeout_secs.to_string()),
+        ]);
+        let req = http::Request::get(uri)
+            .body(Vec::new())
+            .map_err(kube::Error::HttpError)?;
+        let conn = self.clients.checkout();
+        let stream = watch_events(conn.client(), req).await?;
+        Ok((conn, stream))
+    }
+
     /// Answers `SourceCmd::Replay`: the key at exactly `from`, then a watch from `from`
     /// collecting events up to `to`. The watch ends at the first event at or past `to`
     /// (RVs are unique), at a bookmark at or past `to`, or when the upstream ends it
@@ -498,12 +534,7 @@ impl Reader {
     }
 
     async fn replay_from(&self, from: u64, to: u64, max_events: usize) -> Result<Replay> {
-        let (at_from, _) = self
-            .list_params(&[
-                ("resourceVersion", from.to_string()),
-                ("resourceVersionMatch", "Exact".to_string()),
-            ])
-            .await?;
+        let (at_from, _) = self.list_with(from, "Exact").await?;
         let mut replay = Replay {
             at_from,
             events: Vec::new(),
@@ -511,31 +542,16 @@ impl Reader {
         if from >= to {
             return Ok(replay);
         }
-        self.limits.pace().await;
         // A 1.20 cache sends its bookmark two seconds before the watch's deadline, so
         // three seconds bring one after about a second; the stream's end is the backstop.
-        let uri = self.uri(&[
-            ("watch", "true".into()),
-            ("resourceVersion", from.to_string()),
-            ("allowWatchBookmarks", "true".into()),
-            ("timeoutSeconds", REPLAY_WATCH_SECS.to_string()),
-        ]);
         let key = self.key.to_string();
-        let req =
-            http::Request::get(uri)
-                .body(Vec::new())
-                .map_err(|e| Error::WatchStartFailed {
-                    key: key.clone(),
-                    source: kube::Error::HttpError(e),
-                })?;
-        let conn = self.clients.checkout();
-        let stream =
-            watch_events(conn.client(), req)
-                .await
-                .map_err(|source| Error::WatchStartFailed {
-                    key: key.clone(),
-                    source,
-                })?;
+        let (_conn, stream) = self
+            .open_watch(from, REPLAY_WATCH_SECS)
+            .await
+            .map_err(|source| Error::WatchStartFailed {
+                key: key.clone(),
+                source,
+            })?;
         let _gauge = WatchGauge::open();
         let mut stream = std::pin::pin!(stream);
         let give_up = Duration::from_secs(REPLAY_WATCH_SECS + 2);
@@ -693,40 +709,17 @@ impl Run {
     async fn list(&mut self, rv: Option<u64>) -> Result<(Vec<Value>, u64)> {
         match rv {
             // NotOlderThan the last RV: a relist must never go back in time, which `0` could.
-            Some(rv) => self.list_with(rv, "NotOlderThan").await,
+            Some(rv) => self.up.list_with(rv, "NotOlderThan").await,
             None => self.up.list_params(&[]).await,
         }
     }
 
-    async fn list_with(&mut self, rv: u64, matching: &str) -> Result<(Vec<Value>, u64)> {
-        self.up
-            .list_params(&[
-                ("resourceVersion", rv.to_string()),
-                ("resourceVersionMatch", matching.to_string()),
-            ])
-            .await
-    }
-
     async fn watch(&mut self, rv: u64, state: &mut State) -> Result<WatchEnd> {
-        self.up.limits.pace().await;
         let timeout = self.cfg.upstream_watch_timeout_secs.max(1);
-        let uri = self.up.uri(&[
-            ("watch", "true".into()),
-            ("resourceVersion", rv.to_string()),
-            ("allowWatchBookmarks", "true".into()),
-            ("timeoutSeconds", timeout.to_string()),
-        ]);
         let key = self.key.to_string();
-        let req =
-            http::Request::get(uri)
-                .body(Vec::new())
-                .map_err(|e| Error::WatchStartFailed {
-                    key: key.clone(),
-                    source: kube::Error::HttpError(e),
-                })?;
-        // Held while the stream lives: it counts against its HTTP/2 connection.
-        let conn = self.up.clients.checkout();
-        let stream = match watch_events(conn.client(), req).await {
+        // The checkout is held while the stream lives: it counts against its HTTP/2
+        // connection.
+        let (_conn, stream) = match self.up.open_watch(rv, timeout).await {
             Ok(s) => s,
             Err(kube::Error::Api(s)) if s.code == 410 => return Ok(WatchEnd::Gone),
             Err(source) => return Err(Error::WatchStartFailed { key, source }),
