@@ -124,18 +124,8 @@ pub fn another_round(ok: bool, replayed: u64, watch_rv: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::core::store::fixtures::{obj, store};
 
-    fn obj(name: &str, uid: &str, rv: u64) -> Value {
-        json!({"metadata": {"name": name, "namespace": "n", "uid": uid, "resourceVersion": rv.to_string()}})
-    }
-    fn store(objs: &[Value]) -> Store {
-        let mut s = Store::new();
-        for o in objs {
-            s.upsert(Arc::new(o.clone()));
-        }
-        s
-    }
     fn ev(seq: u64, rv: u64, kind: EventType, o: Value, prev: Option<Value>) -> StoreEvent {
         StoreEvent::new(seq, rv, kind, Arc::new(o), prev.map(Arc::new))
     }

@@ -84,18 +84,8 @@ pub fn diff(store: &Store, listed: Vec<Value>, list_rv: u64) -> Vec<Change> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::core::store::fixtures::{obj, store};
 
-    fn obj(name: &str, uid: &str, rv: u64) -> Value {
-        json!({"metadata": {"name": name, "namespace": "n", "uid": uid, "resourceVersion": rv.to_string()}})
-    }
-    fn store(objs: &[Value]) -> Store {
-        let mut s = Store::new();
-        for o in objs {
-            s.upsert(Arc::new(o.clone()));
-        }
-        s
-    }
     fn summary(c: &[Change]) -> Vec<(EventType, String, u64)> {
         c.iter()
             .map(|c| {

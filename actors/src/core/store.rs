@@ -52,6 +52,26 @@ impl Store {
     }
 }
 
+/// Objects and stores for the core's table tests.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::*;
+    use serde_json::json;
+
+    /// `n/name` with a UID and a resourceVersion.
+    pub fn obj(name: &str, uid: &str, rv: u64) -> Value {
+        json!({"metadata": {"name": name, "namespace": "n", "uid": uid, "resourceVersion": rv.to_string()}})
+    }
+
+    pub fn store(objs: &[Value]) -> Store {
+        let mut s = Store::new();
+        for o in objs {
+            s.upsert(Arc::new(o.clone()));
+        }
+        s
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
