@@ -363,11 +363,11 @@ impl Proxy {
         // it goes upstream complete or not at all, and a short one is the client's 400
         // here rather than an upstream failure. Larger ones stream.
         let payload = body.into_inner();
-        let (whole, streamed) = match declared {
+        let body = match declared {
             Some(len) if len <= WHOLE_BODY_MAX => {
-                (Some(read_declared(payload, len, req).await?), None)
+                RequestBody::Whole(read_declared(payload, len, req).await?)
             }
-            _ => (None, Some(payload)),
+            _ => RequestBody::Streamed(payload),
         };
         let kind = Kind::of(req.method().as_str(), req.path(), req.query_string());
         let in_flight = self.slots.admit(kind)?;
@@ -401,10 +401,9 @@ impl Proxy {
                 builder = builder.header("Impersonate-Group", g.as_str());
             }
         }
-        let (upstream_body, failure) = match (whole, streamed) {
-            (Some(whole), _) => (whole, Arc::new(OnceLock::new())),
-            (None, Some(payload)) => self.stream_body(payload),
-            (None, None) => (empty(), Arc::new(OnceLock::new())),
+        let (upstream_body, failure) = match body {
+            RequestBody::Whole(whole) => (whole, Arc::new(OnceLock::new())),
+            RequestBody::Streamed(payload) => self.stream_body(payload),
         };
         let upstream_req = builder
             .body(upstream_body)
@@ -496,6 +495,12 @@ impl Proxy {
         });
         (body.map_err(BoxError::from).boxed_unsync(), failure)
     }
+}
+
+/// A proxied request's body: read before its slot was taken, or to stream after.
+enum RequestBody {
+    Whole(UpstreamBody),
+    Streamed(dev::Payload),
 }
 
 /// Bodies of declared length up to this are read whole before going upstream.
