@@ -259,6 +259,7 @@ impl CachedObject {
             self.window.reset(rv);
             self.synced = true;
             self.status.synced.store(true, Ordering::Relaxed);
+            metrics::gauge!(m::SYNCED_KEYS).increment(1.0);
             self.progress = 0;
             self.set_progress(rv);
             tracing::debug!(key = %self.key, rv, objects = self.store.len(), "key synced");
@@ -748,6 +749,9 @@ impl Actor for CachedObject {
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         metrics::gauge!(m::CACHED_KEYS).decrement(1.0);
+        if self.synced {
+            metrics::gauge!(m::SYNCED_KEYS).decrement(1.0);
+        }
         metrics::gauge!(m::CACHED_OBJECTS).decrement(self.store.len() as f64);
         metrics::gauge!(m::WINDOW_EVENTS).decrement(self.window.len() as f64);
         for (_, w) in self.watchers.drain() {

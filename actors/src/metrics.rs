@@ -3,6 +3,8 @@
 
 pub const REGISTERED_WATCHERS: &str = "kcache_registered_watchers";
 pub const CACHED_KEYS: &str = "kcache_cached_keys";
+pub const SYNCED_KEYS: &str = "kcache_synced_keys";
+pub const EVENT_DELIVERY: &str = "kcache_watch_event_delivery_seconds";
 pub const UPSTREAM_WATCHES: &str = "kcache_upstream_watches";
 pub const UPSTREAM_CONNECTIONS: &str = "kcache_upstream_connections";
 pub const EVENTS_RECEIVED: &str = "kcache_watch_cache_events_received_total";
@@ -20,11 +22,25 @@ pub const WINDOW_BACKFILLS: &str = "kcache_window_backfills_total";
 pub const KEYS_REFUSED: &str = "kcache_keys_refused_total";
 pub const CACHE_BYPASSED: &str = "kcache_cache_bypassed_total";
 
+/// `kcache_watch_event_delivery_seconds` samples the events whose `seq` is a multiple of
+/// this, for every watcher they reach: a per-delivery sample is a per-watcher cost on the
+/// hottest path.
+pub const EVENT_DELIVERY_SAMPLE: u64 = 8;
+
 /// Describes every metric once, so `/metrics` carries HELP lines.
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_gauge!(REGISTERED_WATCHERS, "Downstream watches open, by resource.");
     describe_gauge!(CACHED_KEYS, "Keys (upstream list+watch units) cached.");
+    describe_gauge!(
+        SYNCED_KEYS,
+        "Cached keys that have completed their first list (kcache_cached_keys minus this: keys not synced yet)."
+    );
+    describe_histogram!(
+        EVENT_DELIVERY,
+        Unit::Seconds,
+        "From a watch event's arrival at this replica (upstream watch, relist or NATS) to its line queued on a live watcher's connection; sampled: the events of each key whose sequence number is a multiple of 8."
+    );
     describe_gauge!(
         UPSTREAM_WATCHES,
         "Upstream watches this replica holds open."

@@ -107,6 +107,7 @@ pub struct Watcher {
     /// Metric handles, resolved once: a delivery must not build and look up labels.
     dispatched: metrics::Counter,
     registered: metrics::Gauge,
+    delivery: metrics::Histogram,
 }
 
 impl Watcher {
@@ -117,6 +118,7 @@ impl Watcher {
         ];
         let dispatched = metrics::counter!(m::EVENTS_DISPATCHED, &labels);
         let registered = metrics::gauge!(m::REGISTERED_WATCHERS, &labels);
+        let delivery = metrics::histogram!(m::EVENT_DELIVERY, &labels);
         Watcher {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             floor: spec.plan.from_rv,
@@ -132,6 +134,7 @@ impl Watcher {
             last_write: Instant::now(),
             dispatched,
             registered,
+            delivery,
         }
     }
 
@@ -171,20 +174,21 @@ impl Watcher {
         ctx.stop();
     }
 
-    fn deliver(&mut self, ev: &StoreEvent, ctx: &mut Context<Self>) {
+    /// Sends the event if this watcher wants it; whether a line was queued.
+    fn deliver(&mut self, ev: &StoreEvent, ctx: &mut Context<Self>) -> bool {
         // Events from before the key's list (`BACKFILLED_SEQ`) come only in a start's
         // replay, once, ahead of every numbered event: the RV floor alone orders them.
         if ev.seq != BACKFILLED_SEQ {
             if ev.seq <= self.last_seq {
-                return;
+                return false;
             }
             self.last_seq = ev.seq;
         }
         if ev.rv <= self.floor {
-            return;
+            return false;
         }
         let line = match convert(&self.spec.filter, ev.kind, &ev.object, ev.prev.as_deref()) {
-            None => return,
+            None => return false,
             Some(Conversion::Send {
                 kind,
                 same_as_source: true,
@@ -198,12 +202,14 @@ impl Watcher {
                     .spec
                     .encoder
                     .encode(EventType::Deleted, &with_rv(prev, ev.rv)),
-                None => return,
+                None => return false,
             },
         };
-        if self.push(line, ctx) {
+        let pushed = self.push(line, ctx);
+        if pushed {
             self.sent_rv = self.sent_rv.max(ev.rv);
         }
+        pushed
     }
 
     /// Writes the backlog while the client's buffer has room, waits for room when it has
@@ -236,7 +242,9 @@ impl Watcher {
                 }
                 Some(Item::Object(_)) => {}
                 Some(Item::EndBookmark(rv)) => self.bookmark(rv, true, ctx),
-                Some(Item::Event(ev)) => self.deliver(&ev, ctx),
+                Some(Item::Event(ev)) => {
+                    self.deliver(&ev, ctx);
+                }
                 Some(Item::Final(line)) => {
                     self.push(line, ctx);
                     self.closing = true;
@@ -530,7 +538,11 @@ impl Handler<Dispatch> for Watcher {
             return;
         }
         if self.backlog.is_empty() {
-            self.deliver(&msg.0, ctx);
+            // Only live deliveries are timed: a replayed event's age is the client's
+            // resourceVersion, not kcache's latency.
+            if self.deliver(&msg.0, ctx) && msg.0.seq.is_multiple_of(m::EVENT_DELIVERY_SAMPLE) {
+                self.delivery.record(msg.0.made.elapsed().as_secs_f64());
+            }
         } else if self.backlog.len() < self.spec.mailbox {
             // Live, and the replay that made it live is still being written: in order.
             self.backlog.push_back(Item::Event(msg.0));

@@ -27,6 +27,7 @@ use crate::config::ServerConfig;
 use crate::limits::WatchLimits;
 use crate::proxy::Proxy;
 use crate::request::{is_keyable_name, parse_path, parse_query, Query, ResourcePath};
+use crate::request_metrics::{self, ServedBy};
 use crate::status::ApiError;
 use crate::table::{self, IncludeObject, Negotiated, TableVersion};
 
@@ -61,6 +62,29 @@ pub async fn handle(
     body: web::Payload,
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
+    let started = std::time::Instant::now();
+    let (served, result) = serve_or_proxy(&req, body, &state).await;
+    let code = match &result {
+        Ok(r) => r.status().as_u16(),
+        Err(e) => e.code,
+    };
+    request_metrics::record(
+        req.method(),
+        req.path(),
+        req.query_string(),
+        served,
+        code,
+        started,
+    );
+    result
+}
+
+/// Serves the request from the cache or proxies it; says which.
+async fn serve_or_proxy(
+    req: &HttpRequest,
+    body: web::Payload,
+    state: &ApiState,
+) -> (ServedBy, Result<HttpResponse, ApiError>) {
     // Only cache-served requests are kcache's to authorize: everything proxied carries the
     // client's own credentials and the API server decides. Impersonation (`kubectl --as`)
     // is never ignored: such requests go upstream, which authorizes `impersonate` and
@@ -94,11 +118,11 @@ pub async fn handle(
                 };
                 match table {
                     Ok(table) => {
-                        if let Some(r) =
-                            serve_or_forward(&req, &state, &rp, &q, table, resource, received)
-                                .await?
+                        match serve_or_forward(req, state, &rp, &q, table, resource, received).await
                         {
-                            return Ok(r);
+                            Ok(None) => {}
+                            Ok(Some(r)) => return (ServedBy::Cache, Ok(r)),
+                            Err(e) => return (ServedBy::Cache, Err(e)),
                         }
                     }
                     Err(reason) => bypassed(&resource, reason),
@@ -106,12 +130,13 @@ pub async fn handle(
             }
         }
     }
-    match (cert_user(&req), req.headers().contains_key("authorization")) {
+    let result = match (cert_user(req), req.headers().contains_key("authorization")) {
         // A certificate cannot be forwarded: the request goes as kcache impersonating the
         // user, or not at all.
-        (Some(user), false) => state.proxy.forward_as(&req, body, &user).await,
-        _ => state.proxy.forward(&req, body).await,
-    }
+        (Some(user), false) => state.proxy.forward_as(req, body, &user).await,
+        _ => state.proxy.forward(req, body).await,
+    };
+    (ServedBy::Proxy, result)
 }
 
 /// Counts a GET of a cached resource that goes upstream instead, by why.

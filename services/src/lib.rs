@@ -22,6 +22,7 @@ pub mod limits;
 pub mod process;
 pub mod proxy;
 pub mod request;
+pub mod request_metrics;
 pub mod server;
 pub mod status;
 pub mod table;

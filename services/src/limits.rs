@@ -8,6 +8,16 @@ use std::sync::{Arc, Mutex};
 
 use crate::status::ApiError;
 
+/// Watches refused with 429, by `reason` (`replica_limit`, `user_limit`).
+pub const WATCHES_REJECTED: &str = "kcache_watches_rejected_total";
+
+pub fn describe() {
+    metrics::describe_counter!(
+        WATCHES_REJECTED,
+        "Watches refused with 429 by server.max_watches (replica_limit) or server.max_watches_per_user (user_limit)."
+    );
+}
+
 #[derive(Default)]
 struct Counts {
     total: usize,
@@ -67,12 +77,14 @@ impl WatchLimits {
         let mine = c.per_user.get(user).copied().unwrap_or(0);
         let refuse = too_many_requests;
         if self.max_total > 0 && c.total >= self.max_total {
+            metrics::counter!(WATCHES_REJECTED, "reason" => "replica_limit").increment(1);
             return Err(refuse(format!(
                 "too many watches on this kcache replica (limit {})",
                 self.max_total
             )));
         }
         if self.max_per_user > 0 && mine >= self.max_per_user {
+            metrics::counter!(WATCHES_REJECTED, "reason" => "user_limit").increment(1);
             return Err(refuse(format!(
                 "too many watches for user {user:?} (limit {})",
                 self.max_per_user

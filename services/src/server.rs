@@ -88,6 +88,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     kcache_actors::metrics::describe();
+    crate::request_metrics::describe();
+    crate::limits::describe();
     crate::process::init();
     let resources = cfg.resource_types()?;
     let (client, clients) = if cfg.cache.upstream_http2 {

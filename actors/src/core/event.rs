@@ -2,6 +2,7 @@
 //! encoded once (as the API server's `cachingObject`) and shared by every watcher.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use serde_json::Value;
@@ -26,6 +27,9 @@ pub struct StoreEvent {
     pub prev: Option<Arc<Value>>,
     /// `{"type":…,"object":…}\n`, encoded once for all watchers that send `kind` unchanged.
     pub line: Bytes,
+    /// When this replica made the event (from the upstream watch, a relist or NATS): the
+    /// start of `kcache_watch_event_delivery_seconds`.
+    pub made: Instant,
 }
 
 impl StoreEvent {
@@ -44,6 +48,7 @@ impl StoreEvent {
             object,
             prev,
             line,
+            made: Instant::now(),
         }
     }
 }
