@@ -1,5 +1,6 @@
-//! kcache's configuration: defaults, then `config/kcache.toml` (or `--config`), then
-//! environment and flags. Every field here is documented in `config/kcache.toml`.
+//! kcache's configuration: defaults, then the file (`--config`, else the first of
+//! `./config/kcache.toml` and `/etc/kcache/kcache.toml` that exists), then environment and
+//! flags. Every field here is documented in `config/kcache.toml`.
 
 use std::path::{Path, PathBuf};
 
@@ -144,7 +145,18 @@ pub struct ResourceEntry {
     pub namespaced: Option<bool>,
 }
 
+/// Where kcache looks for its configuration file when `--config` is not given, in order.
+pub const DEFAULT_PATHS: [&str; 2] = ["config/kcache.toml", "/etc/kcache/kcache.toml"];
+
 impl Config {
+    /// The first of [`DEFAULT_PATHS`] that exists.
+    pub fn default_path() -> Option<PathBuf> {
+        DEFAULT_PATHS
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file())
+    }
+
     pub fn load(path: Option<&Path>) -> Result<Self> {
         let Some(path) = path else {
             return Ok(Config::default());

@@ -3,14 +3,23 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::builder::BoolishValueParser;
+use clap::{CommandFactory, Parser, Subcommand};
 use kcache::config::Config;
 use kcache::server::Serving;
+
+/// `0.1.0 (rev 1a2b3c4d5e6f)`: the git revision comes from `build.rs`.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (rev ",
+    env!("KCACHE_GIT_REVISION"),
+    ")"
+);
 
 #[derive(Parser)]
 #[command(
     name = "kcache",
-    version,
+    version = VERSION,
     about = "A horizontally scaled cache tier for the Kubernetes list/watch API"
 )]
 struct Cli {
@@ -21,7 +30,14 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the Kubernetes API from the cache.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the kcache(1) man page (roff) to stdout.
+    Man,
 }
 
 #[derive(clap::Args)]
@@ -39,7 +55,8 @@ struct ServeArgs {
     /// the API server's own /livez, /readyz, /healthz and /metrics.
     #[arg(long, env = "KCACHE_ADMIN_LISTEN")]
     admin_listen: Option<String>,
-    /// Configuration file (see config/kcache.toml).
+    /// Configuration file (see config/kcache.toml); without it, ./config/kcache.toml or
+    /// /etc/kcache/kcache.toml, the first that exists, else the built-in defaults.
     #[arg(long, env = "KCACHE_CONFIG")]
     config: Option<PathBuf>,
     /// NATS URL: join a fleet of replicas sharing one upstream watch per key
@@ -60,16 +77,34 @@ struct ServeArgs {
     #[arg(long, env = "KCACHE_CLIENT_CA_FILE")]
     client_ca_file: Option<PathBuf>,
     /// Serve plain HTTP instead of HTTPS (local use only: kubectl sends no token over it).
-    #[arg(long, env = "KCACHE_INSECURE_HTTP")]
+    #[arg(long, env = "KCACHE_INSECURE_HTTP", value_parser = BoolishValueParser::new())]
     insecure_http: bool,
     /// Log as JSON lines instead of text.
-    #[arg(long, env = "KCACHE_LOG_JSON")]
+    #[arg(long, env = "KCACHE_LOG_JSON", value_parser = BoolishValueParser::new())]
     log_json: bool,
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let Command::Serve(args) = cli.command;
+    let args = match cli.command {
+        Command::Serve(args) => *args,
+        // Rendered into memory first: the generators panic on a write error (a closed pipe).
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "kcache", &mut out);
+            return print(&out);
+        }
+        Command::Man => {
+            let mut out = Vec::new();
+            return match clap_mangen::Man::new(Cli::command()).render(&mut out) {
+                Ok(()) => print(&out),
+                Err(e) => {
+                    eprintln!("kcache: rendering the man page: {e}");
+                    std::process::ExitCode::FAILURE
+                }
+            };
+        }
+    };
     init_tracing(args.log_json);
     match actix_web::rt::System::new().block_on(serve(args)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -81,8 +116,26 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// Writes generated text to stdout; a reader that went away is not an error worth a panic.
+fn print(text: &[u8]) -> std::process::ExitCode {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text).and_then(|()| stdout.flush()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kcache: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let mut cfg = Config::load(args.config.as_deref())?;
+    let config_path = args.config.clone().or_else(Config::default_path);
+    if let Some(path) = &config_path {
+        tracing::info!(path = %path.display(), "reading configuration");
+    }
+    let mut cfg = Config::load(config_path.as_deref())?;
     if args.replica_id.is_some() {
         cfg.server.replica_id = args.replica_id;
     }

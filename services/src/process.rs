@@ -27,7 +27,12 @@ pub fn init() {
         "Start time since the Unix epoch."
     );
     describe_gauge!(BUILD_INFO, "Always 1; the build's version in its labels.");
-    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    gauge!(
+        BUILD_INFO,
+        "version" => env!("CARGO_PKG_VERSION"),
+        "revision" => env!("KCACHE_GIT_REVISION"),
+    )
+    .set(1.0);
     let start = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
