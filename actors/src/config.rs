@@ -105,6 +105,8 @@ pub struct NatsConfig {
     /// User/password authentication.
     pub user: Option<String>,
     pub password: Option<String>,
+    /// A file holding `user`'s password (a mounted Secret), instead of `password`.
+    pub password_file: Option<String>,
     /// Token authentication (a file holding the token, so it stays out of the config).
     pub token_file: Option<String>,
     /// A `.creds` file (JWT + nkey seed), as `nsc` writes.
@@ -170,6 +172,7 @@ impl Default for NatsConfig {
             url: None,
             user: None,
             password: None,
+            password_file: None,
             token_file: None,
             creds_file: None,
             nkey_seed_file: None,

@@ -107,8 +107,18 @@ pub async fn connect(cfg: &NatsConfig, url: &str, replica: &str) -> Result<Clien
                 other => tracing::info!(event = %other, "NATS event"),
             }
         });
-    if let (Some(user), Some(password)) = (&cfg.user, &cfg.password) {
-        opts = opts.user_and_password(user.clone(), password.clone());
+    let password = match (&cfg.password, &cfg.password_file) {
+        (Some(p), _) => Some(p.clone()),
+        // A Secret mounted as a file ends in a newline when written by hand.
+        (None, Some(path)) => Some(
+            read("NATS password file", path)?
+                .trim_end_matches(['\r', '\n'])
+                .to_string(),
+        ),
+        (None, None) => None,
+    };
+    if let (Some(user), Some(password)) = (&cfg.user, password) {
+        opts = opts.user_and_password(user.clone(), password);
     }
     if let Some(path) = &cfg.token_file {
         opts = opts.token(read("NATS token file", path)?.trim().to_string());

@@ -112,6 +112,13 @@ pub struct AuthConfig {
     /// `impersonate` RBAC in `deploy/rbac.yaml`). Off: such requests get a 401 when they
     /// would be proxied, rather than reaching the API server as anonymous.
     pub impersonate_cert_users: bool,
+    /// With `impersonate_cert_users`: only users whose name starts with one of these are
+    /// impersonated (e.g. `["system:node:"]` for kubelets); others get a 403. Empty: any.
+    /// RBAC cannot scope `impersonate` to a name prefix, so this is kcache's own fence.
+    pub impersonate_user_prefixes: Vec<String>,
+    /// With `impersonate_cert_users`: a certificate naming a group outside this list (e.g.
+    /// `["system:nodes"]`) is not impersonated (403). Empty: any.
+    pub impersonate_groups: Vec<String>,
 }
 
 impl Default for AuthConfig {
@@ -124,6 +131,8 @@ impl Default for AuthConfig {
             authz_deny_ttl_secs: 10,
             authz_cache_size: 10_000,
             impersonate_cert_users: false,
+            impersonate_user_prefixes: Vec::new(),
+            impersonate_groups: Vec::new(),
         }
     }
 }

@@ -38,6 +38,12 @@ enum Command {
     },
     /// Print the kcache(1) man page (roff) to stdout.
     Man,
+    /// Wait, then exit: a container `preStop` hook, so that endpoints stop sending new
+    /// connections before SIGTERM starts the shutdown (the image has no shell or `sleep`).
+    PreStop {
+        #[arg(long, default_value_t = 5)]
+        delay_seconds: u64,
+    },
 }
 
 #[derive(clap::Args)]
@@ -76,6 +82,13 @@ struct ServeArgs {
     /// as the API server's --client-ca-file.
     #[arg(long, env = "KCACHE_CLIENT_CA_FILE")]
     client_ca_file: Option<PathBuf>,
+    /// Forward kubelets' proxied requests (node status, leases, events) authenticated by
+    /// their client certificates, as kcache impersonating `system:node:*` users in group
+    /// `system:nodes` only: `[auth] impersonate_cert_users = true` with
+    /// `impersonate_user_prefixes = ["system:node:"]`, `impersonate_groups =
+    /// ["system:nodes"]`. Needs --client-ca-file and deploy/components/kubelet-certs' RBAC.
+    #[arg(long, env = "KCACHE_IMPERSONATE_NODES", value_parser = BoolishValueParser::new())]
+    impersonate_nodes: bool,
     /// Serve plain HTTP instead of HTTPS (local use only: kubectl sends no token over it).
     #[arg(long, env = "KCACHE_INSECURE_HTTP", value_parser = BoolishValueParser::new())]
     insecure_http: bool,
@@ -93,6 +106,10 @@ fn main() -> std::process::ExitCode {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "kcache", &mut out);
             return print(&out);
+        }
+        Command::PreStop { delay_seconds } => {
+            std::thread::sleep(std::time::Duration::from_secs(delay_seconds.min(3600)));
+            return std::process::ExitCode::SUCCESS;
         }
         Command::Man => {
             let mut out = Vec::new();
@@ -141,6 +158,11 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     if args.nats.is_some() {
         cfg.nats.url = args.nats;
+    }
+    if args.impersonate_nodes {
+        cfg.auth.impersonate_cert_users = true;
+        cfg.auth.impersonate_user_prefixes = vec!["system:node:".into()];
+        cfg.auth.impersonate_groups = vec!["system:nodes".into()];
     }
     let kube_config = match &args.kubeconfig {
         Some(path) => {

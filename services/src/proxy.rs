@@ -228,8 +228,8 @@ pub struct Proxy {
     /// own: the client's Authorization header is what the API server sees.
     client: Upstream,
     /// kcache's own identity, used only to impersonate client-certificate users when
-    /// `auth.impersonate_cert_users` is on.
-    impersonator: Option<Upstream>,
+    /// `auth.impersonate_cert_users` is on, and which of them.
+    impersonator: Option<(Upstream, ImpersonationScope)>,
     max_body: usize,
     slots: Slots,
 }
@@ -255,11 +255,45 @@ fn upstream(config: &kube::Config) -> Result<Upstream, kube::Error> {
     Ok(BoxCloneSyncService::new(service))
 }
 
+/// The client-certificate identities kcache lends its own identity to
+/// (`auth.impersonate_user_prefixes`, `auth.impersonate_groups`; empty lists allow any).
+#[derive(Clone, Debug, Default)]
+pub struct ImpersonationScope {
+    pub user_prefixes: Vec<String>,
+    pub groups: Vec<String>,
+}
+
+impl ImpersonationScope {
+    /// Why `user` may not be impersonated, if it may not.
+    pub fn refuses(&self, user: &crate::auth::UserInfo) -> Option<String> {
+        if !self.user_prefixes.is_empty()
+            && !self
+                .user_prefixes
+                .iter()
+                .any(|p| user.username.starts_with(p.as_str()))
+        {
+            return Some(format!(
+                "kcache forwards only client-certificate users named {:?}…; {:?} must use a bearer token or the API server directly",
+                self.user_prefixes, user.username
+            ));
+        }
+        if !self.groups.is_empty() {
+            if let Some(g) = user.groups.iter().find(|g| !self.groups.contains(g)) {
+                return Some(format!(
+                    "kcache forwards only client-certificate groups {:?}; group {g:?} must use the API server directly",
+                    self.groups
+                ));
+            }
+        }
+        None
+    }
+}
+
 impl Proxy {
     pub fn new(
         config: kube::Config,
         server: &ServerConfig,
-        impersonate_cert_users: bool,
+        auth: &crate::config::AuthConfig,
     ) -> Result<Self, kube::Error> {
         use metrics::{describe_counter, describe_gauge};
         describe_counter!(
@@ -276,8 +310,14 @@ impl Proxy {
         anonymous.auth_info = Default::default();
         Ok(Proxy {
             client: upstream(&anonymous)?,
-            impersonator: if impersonate_cert_users {
-                Some(upstream(&own)?)
+            impersonator: if auth.impersonate_cert_users {
+                Some((
+                    upstream(&own)?,
+                    ImpersonationScope {
+                        user_prefixes: auth.impersonate_user_prefixes.clone(),
+                        groups: auth.impersonate_groups.clone(),
+                    },
+                ))
             } else {
                 None
             },
@@ -306,7 +346,7 @@ impl Proxy {
         body: web::Payload,
         user: &crate::auth::UserInfo,
     ) -> Result<HttpResponse, ApiError> {
-        let Some(client) = &self.impersonator else {
+        let Some((client, scope)) = &self.impersonator else {
             return Err(ApiError::new(
                 401,
                 "Unauthorized",
@@ -324,6 +364,9 @@ impl Proxy {
                 "Forbidden",
                 "impersonation by client-certificate users is not supported through kcache; use a bearer token or the API server directly",
             ));
+        }
+        if let Some(why) = scope.refuses(user) {
+            return Err(ApiError::new(403, "Forbidden", why));
         }
         self.send(client, req, body, Some(user)).await
     }
@@ -554,6 +597,35 @@ fn empty() -> UpstreamBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn impersonation_scope_admits_only_the_configured_users_and_groups() {
+        let user = |name: &str, groups: &[&str]| crate::auth::UserInfo {
+            username: name.into(),
+            uid: String::new(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            extra: Default::default(),
+        };
+        let any = ImpersonationScope::default();
+        assert_eq!(any.refuses(&user("admin", &["system:masters"])), None);
+        let nodes = ImpersonationScope {
+            user_prefixes: vec!["system:node:".into()],
+            groups: vec!["system:nodes".into()],
+        };
+        assert_eq!(
+            nodes.refuses(&user("system:node:n1", &["system:nodes"])),
+            None
+        );
+        assert_eq!(nodes.refuses(&user("system:node:n1", &[])), None);
+        assert!(nodes.refuses(&user("viewer", &[])).is_some());
+        assert!(nodes
+            .refuses(&user("system:nodex", &["system:nodes"]))
+            .is_some());
+        assert!(nodes
+            .refuses(&user("system:node:n1", &["system:nodes", "system:masters"]))
+            .is_some());
+    }
+
     #[test]
     fn classifies_as_the_api_server() {
         let get = "GET";

@@ -105,8 +105,7 @@ pub async fn run(
         (client.clone(), UpstreamClients::single(client))
     };
     let kube_config_for_probe = kube_config.clone();
-    let proxy = Proxy::new(kube_config, &cfg.server, cfg.auth.impersonate_cert_users)
-        .map_err(Error::UpstreamClient)?;
+    let proxy = Proxy::new(kube_config, &cfg.server, &cfg.auth).map_err(Error::UpstreamClient)?;
     let cache_cfg = Arc::new(cfg.cache.clone());
     let replica = cfg.server.replica_id.clone().unwrap_or_else(hostname);
     let upstream = Arc::new(UpstreamSource::new(Arc::new(clients), cache_cfg.clone()));
