@@ -278,7 +278,13 @@ impl ImpersonationScope {
             ));
         }
         if !self.groups.is_empty() {
-            if let Some(g) = user.groups.iter().find(|g| !self.groups.contains(g)) {
+            // system:authenticated is every user's, and the API server adds it itself to an
+            // impersonated user (it is never sent).
+            if let Some(g) = user
+                .groups
+                .iter()
+                .find(|g| *g != "system:authenticated" && !self.groups.contains(g))
+            {
                 return Some(format!(
                     "kcache forwards only client-certificate groups {:?}; group {g:?} must use the API server directly",
                     self.groups
@@ -617,6 +623,13 @@ mod tests {
             None
         );
         assert_eq!(nodes.refuses(&user("system:node:n1", &[])), None);
+        assert_eq!(
+            nodes.refuses(&user(
+                "system:node:n1",
+                &["system:nodes", "system:authenticated"]
+            )),
+            None
+        );
         assert!(nodes.refuses(&user("viewer", &[])).is_some());
         assert!(nodes
             .refuses(&user("system:nodex", &["system:nodes"]))

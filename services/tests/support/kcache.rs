@@ -32,7 +32,18 @@ impl Kcache {
 
     /// As [`Kcache::start`], with extra command-line arguments.
     pub async fn start_with_args(cluster: &TestCluster, extra_toml: &str, args: &[&str]) -> Kcache {
-        Self::spawn(cluster, extra_toml, args, false).await
+        Self::spawn(cluster, &cluster.kubeconfig, extra_toml, args, false).await
+    }
+
+    /// As [`Kcache::start_with_args`], with its own upstream identity (a kubeconfig other
+    /// than the cluster's admin one).
+    pub async fn start_with_kubeconfig(
+        cluster: &TestCluster,
+        kubeconfig: &std::path::Path,
+        extra_toml: &str,
+        args: &[&str],
+    ) -> Kcache {
+        Self::spawn(cluster, kubeconfig, extra_toml, args, false).await
     }
 
     /// As [`Kcache::start_with_args`], with the admin endpoints on a port of their own
@@ -42,10 +53,16 @@ impl Kcache {
         extra_toml: &str,
         args: &[&str],
     ) -> Kcache {
-        Self::spawn(cluster, extra_toml, args, true).await
+        Self::spawn(cluster, &cluster.kubeconfig, extra_toml, args, true).await
     }
 
-    async fn spawn(cluster: &TestCluster, extra_toml: &str, args: &[&str], admin: bool) -> Kcache {
+    async fn spawn(
+        cluster: &TestCluster,
+        kubeconfig: &std::path::Path,
+        extra_toml: &str,
+        args: &[&str],
+        admin: bool,
+    ) -> Kcache {
         let port = free_port();
         let admin_port = admin.then(free_port);
         let dir = cluster.dir_path();
@@ -56,7 +73,7 @@ impl Kcache {
         let child = Command::new(env!("CARGO_BIN_EXE_kcache"))
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .arg("--kubeconfig")
-            .arg(&cluster.kubeconfig)
+            .arg(kubeconfig)
             .arg("--config")
             .arg(&config)
             .args(args)
