@@ -31,14 +31,16 @@ if [[ -x $out ]] && grep -qs "runner-sha256 $runner_hash" "$stamp"; then
 fi
 
 export DEBIAN_FRONTEND=noninteractive
+# shellcheck source=scripts/as-root.sh
+source "$here/as-root.sh"
 command -v go >/dev/null || {
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq golang-go >/dev/null
+  as_root apt-get update -qq >/dev/null
+  as_root apt-get install -y -qq golang-go >/dev/null
 }
 # shellcheck source=scripts/k8s-source.sh
 source "$here/k8s-source.sh"
 
-mkdir -p "$bin"
+ensure_dir "$bin"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 tree=$(k8s_patched_source "$tmp")

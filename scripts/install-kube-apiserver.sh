@@ -23,10 +23,12 @@ export DEBIAN_FRONTEND=noninteractive
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/k8s-source.sh
 source "$here/k8s-source.sh"
-apt-get update -qq >/dev/null
-apt-get install -y -qq etcd-server golang-go rsync jq dpkg-dev openssl \
+# shellcheck source=scripts/as-root.sh
+source "$here/as-root.sh"
+as_root apt-get update -qq >/dev/null
+as_root apt-get install -y -qq etcd-server golang-go rsync jq dpkg-dev openssl \
   golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev >/dev/null
-mkdir -p "$bin"
+ensure_dir "$bin"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # Download, extract, swap reflect2 + json-iterator (k8s-source.sh).

@@ -6,7 +6,7 @@
 # Downloads Debian's `kubernetes` source package (v1.20.2, packaged as
 # 1.20.5+really1.20.2) into DIR, extracts its tree there, swaps two vendored libraries for
 # Debian's newer packaged sources (see below) and prints the tree's path (DIR/kubernetes-*)
-# on stdout, nothing else. Needs root (apt-get); Debian 12.
+# on stdout, nothing else. Needs root or sudo (apt-get, via as-root.sh, which the caller sources); Debian 12.
 #
 # Why the vendor swap: Kubernetes 1.20 vendors reflect2 1.0.1, which is broken under
 # Go >= 1.18 — binaries built from the tree (the API server, the e2e test binary) crash
@@ -27,7 +27,7 @@ k8s_patched_source() (
   refresh=
   # `apt-get source` needs deb-src entries; Debian 12 images ship deb822 sources without them.
   if [[ -f $sources ]] && ! grep -q 'deb-src' "$sources"; then
-    sed -i 's/^Types: deb$/Types: deb deb-src/' "$sources"
+    as_root sed -i 's/^Types: deb$/Types: deb deb-src/' "$sources"
     refresh=1
   fi
   apt-cache showsrc kubernetes >/dev/null 2>&1 || refresh=1
@@ -36,10 +36,10 @@ k8s_patched_source() (
     dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing+=("$pkg")
   done
   if [[ $refresh ]] || ((${#missing[@]})); then
-    apt-get update -qq >/dev/null
+    as_root apt-get update -qq >/dev/null
   fi
   if ((${#missing[@]})); then
-    apt-get install -y -qq "${missing[@]}" >/dev/null
+    as_root apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
 
   mkdir -p "$dir"

@@ -109,7 +109,7 @@ pub struct AuthConfig {
     pub authz_cache_size: usize,
     /// Proxy the requests of client-certificate users upstream as kcache's own identity
     /// with `Impersonate-User`/`Impersonate-Group` (that identity then needs the
-    /// `impersonate` RBAC in `deploy/rbac.yaml`). Off: such requests get a 401 when they
+    /// `impersonate` RBAC of `deploy/components/kubelet-certs`). Off: such requests get a 401 when they
     /// would be proxied, rather than reaching the API server as anonymous.
     pub impersonate_cert_users: bool,
     /// With `impersonate_cert_users`: only users whose name starts with one of these are
