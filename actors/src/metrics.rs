@@ -27,9 +27,20 @@ pub const CACHE_BYPASSED: &str = "kcache_cache_bypassed_total";
 /// hottest path.
 pub const EVENT_DELIVERY_SAMPLE: u64 = 8;
 
-/// Describes every metric once, so `/metrics` carries HELP lines.
+/// Describes every metric once, so `/metrics` carries HELP lines, and registers the
+/// unlabelled ones at zero: a fresh replica exports them (dashboards show 0, not "no
+/// data"), and `rate()` sees their first increment.
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    for g in [
+        CACHED_KEYS,
+        SYNCED_KEYS,
+        UPSTREAM_WATCHES,
+        CACHED_OBJECTS,
+        WINDOW_EVENTS,
+    ] {
+        metrics::gauge!(g).increment(0.0);
+    }
     describe_gauge!(REGISTERED_WATCHERS, "Downstream watches open, by resource.");
     describe_gauge!(CACHED_KEYS, "Keys (upstream list+watch units) cached.");
     describe_gauge!(
@@ -111,6 +122,20 @@ pub const FLEET_OVERSIZED: &str = "kcache_fleet_oversized_messages_total";
 /// Describes the fan-out metrics (only registered when kcache runs with `--nats`).
 pub fn describe_fleet() {
     use metrics::{describe_counter, describe_gauge};
+    for g in [FLEET_OWNED_KEYS, FLEET_MIRRORED_KEYS, FLEET_LOCAL_KEYS] {
+        metrics::gauge!(g).increment(0.0);
+    }
+    for c in [
+        NATS_IN,
+        NATS_OUT,
+        FLEET_GAPS,
+        FLEET_STALE,
+        FLEET_LISTENER_DROPS,
+        FLEET_BAD_MESSAGES,
+        FLEET_OVERSIZED,
+    ] {
+        metrics::counter!(c).increment(0);
+    }
     describe_gauge!(
         FLEET_OWNED_KEYS,
         "Keys this replica owns: it holds their upstream watch and publishes their events."

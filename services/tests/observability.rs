@@ -99,28 +99,8 @@ const EXPORTED_ONLY_AFTER_A_FAULT: &[(&str, &str)] = &[
         "only after an upstream list or watch fails",
     ),
     (
-        "kcache_fleet_gaps_total",
-        "only after a mirror detects a sequence gap (lost NATS messages)",
-    ),
-    (
         "kcache_fleet_resyncs_total",
         "only after a mirror resynchronises after a gap, an owner change or a refused snapshot (a mirror's first snapshot is not counted)",
-    ),
-    (
-        "kcache_fleet_stale_epoch_rejected_total",
-        "only after a fenced-off owner (paused, partitioned) publishes",
-    ),
-    (
-        "kcache_fleet_listener_dropped_events_total",
-        "only after an owner's publishing queue ([nats] listener_buffer) overflows",
-    ),
-    (
-        "kcache_fleet_bad_messages_total",
-        "only after a NATS message cannot be decoded or opened",
-    ),
-    (
-        "kcache_fleet_oversized_messages_total",
-        "only after a chunked NATS message exceeds [nats] max_message_bytes",
     ),
 ];
 
