@@ -82,6 +82,15 @@ struct ServeArgs {
     /// as the API server's --client-ca-file.
     #[arg(long, env = "KCACHE_CLIENT_CA_FILE")]
     client_ca_file: Option<PathBuf>,
+    /// Seconds between looks at --tls-cert-file/--tls-private-key-file for a renewed pair
+    /// (tests shorten it).
+    #[arg(
+        long,
+        hide = true,
+        default_value_t = kcache::tls::DEFAULT_RELOAD_INTERVAL.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    tls_reload_interval_secs: u64,
     /// Forward kubelets' proxied requests (node status, leases, events) authenticated by
     /// their client certificates, as kcache impersonating `system:node:*` users in group
     /// `system:nodes` only: `[auth] impersonate_cert_users = true` with
@@ -191,6 +200,7 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             args.tls_private_key_file.as_deref(),
             args.client_ca_file.as_deref(),
             &host.into_iter().collect::<Vec<_>>(),
+            std::time::Duration::from_secs(args.tls_reload_interval_secs),
         )?;
         Serving::Tls(Box::new(tls))
     };

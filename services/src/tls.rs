@@ -2,13 +2,36 @@
 //! server's flag names), or a self-signed one generated at start, as the API server does
 //! with `--cert-dir`. HTTP/2 is offered through ALPN because client-go multiplexes all of
 //! its watches over one HTTP/2 connection.
+//!
+//! A certificate from files is reloaded without a restart, as the API server's dynamic
+//! serving certificate: a background thread re-reads both files every reload interval
+//! (10 s in the binary) and, when their contents changed (by SHA-256; the kubelet's
+//! `..data` symlink swap for a renewed Secret need not change any modification time),
+//! swaps the new pair in for the handshakes that follow. A pair that does not load (a
+//! file missing or unparsable, a key that is not the certificate's) is refused: the old
+//! pair keeps serving, with one warning per failing content. Reloads are counted in
+//! `kcache_tls_certificate_reloads_total{result="ok"|"error"}`, and the serving
+//! certificate's notAfter is `kcache_tls_certificate_expiry_seconds`. The client CA
+//! (`--client-ca-file`) is read once, at start.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, PoisonError, RwLock, Weak};
+use std::time::Duration;
 
+use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
 use thiserror::Error;
+
+/// Reloads of the serving certificate from its files, by `result` (`ok`, `error`).
+pub const CERTIFICATE_RELOADS: &str = "kcache_tls_certificate_reloads_total";
+/// notAfter of the certificate being served, in seconds since the Unix epoch.
+pub const CERTIFICATE_EXPIRY: &str = "kcache_tls_certificate_expiry_seconds";
+
+/// How often the binary looks at `--tls-cert-file`/`--tls-private-key-file` for a new pair.
+pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Error)]
 pub enum Error {
@@ -36,6 +59,23 @@ pub enum Error {
     ClientVerifier(#[from] rustls::server::VerifierBuilderError),
     #[error("--tls-cert-file and --tls-private-key-file go together")]
     HalfConfigured,
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no certificate in {path}")]
+    NoCertificate { path: String },
+    #[error("the first certificate of {path} does not parse: {reason}")]
+    ParseCert { path: String, reason: String },
+    #[error("the certificate {cert} and the key {key} do not make a pair: {source}")]
+    KeyPair {
+        cert: String,
+        key: String,
+        #[source]
+        source: rustls::Error,
+    },
     #[error("generating a self-signed certificate: {0}")]
     SelfSigned(#[from] rcgen::Error),
     #[error("building the TLS configuration: {0}")]
@@ -45,6 +85,8 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The serving configuration; `hosts` are the names a generated certificate is valid for.
+/// A certificate from files is checked for a new pair every `reload_interval` (see the
+/// module header); the first pair must load, or this fails.
 /// With `client_ca`, client certificates signed by it are verified (and optional: bearer
 /// tokens and anonymous requests still work), as the API server's `--client-ca-file`.
 pub fn server_config(
@@ -52,17 +94,28 @@ pub fn server_config(
     key: Option<&Path>,
     client_ca: Option<&Path>,
     hosts: &[String],
+    reload_interval: Duration,
 ) -> Result<rustls::ServerConfig> {
-    let (chain, key) = match (cert, key) {
-        (Some(cert), Some(key)) => load(cert, key)?,
-        (None, None) => self_signed(hosts)?,
+    describe();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let resolver = match (cert, key) {
+        (Some(cert), Some(key)) => {
+            let mut watch = PairWatch::new(cert, key, provider.clone());
+            let resolver = Arc::new(Resolver::new(watch.load_first()?));
+            watch.spawn(Arc::downgrade(&resolver), reload_interval);
+            resolver
+        }
+        (None, None) => {
+            let (chain, key) = self_signed(hosts)?;
+            let certified = CertifiedKey::from_der(chain, key, &provider)?;
+            Arc::new(Resolver::new(Loaded::new(certified, "self-signed")?))
+        }
         _ => return Err(Error::HalfConfigured),
     };
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?;
     let cfg = match client_ca {
-        None => builder.with_no_client_auth().with_single_cert(chain, key)?,
+        None => builder.with_no_client_auth().with_cert_resolver(resolver),
         Some(ca) => {
             let mut roots = rustls::RootCertStore::empty();
             let cas = CertificateDer::pem_file_iter(ca)
@@ -82,10 +135,251 @@ pub fn server_config(
             .build()?;
             builder
                 .with_client_cert_verifier(verifier)
-                .with_single_cert(chain, key)?
+                .with_cert_resolver(resolver)
         }
     };
     Ok(cfg)
+}
+
+fn describe() {
+    metrics::describe_counter!(
+        CERTIFICATE_RELOADS,
+        "Loads of a changed --tls-cert-file/--tls-private-key-file pair, by result: ok (now served) or error (refused; the previous pair is still served)."
+    );
+    metrics::describe_gauge!(
+        CERTIFICATE_EXPIRY,
+        metrics::Unit::Seconds,
+        "notAfter of the serving certificate, in seconds since the Unix epoch."
+    );
+}
+
+/// The serving certificate for every handshake: the current pair, replaced by the reload
+/// thread. A handshake only clones an `Arc` under a read lock, never touches the disk.
+#[derive(Debug)]
+struct Resolver {
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl Resolver {
+    fn new(first: Loaded) -> Resolver {
+        first.publish();
+        Resolver {
+            current: RwLock::new(first.certified),
+        }
+    }
+
+    fn swap(&self, next: Loaded) {
+        next.publish();
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = next.certified;
+    }
+}
+
+impl ResolvesServerCert for Resolver {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(
+            self.current
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
+        )
+    }
+}
+
+/// A pair ready to serve, with its leaf's notAfter.
+struct Loaded {
+    certified: Arc<CertifiedKey>,
+    not_after: i64,
+}
+
+impl Loaded {
+    /// `source` names the certificate in errors.
+    fn new(certified: CertifiedKey, source: &str) -> Result<Loaded> {
+        let leaf = certified
+            .end_entity_cert()
+            .map_err(|_| Error::NoCertificate {
+                path: source.to_string(),
+            })?;
+        let not_after = x509_parser::parse_x509_certificate(leaf)
+            .map_err(|e| Error::ParseCert {
+                path: source.to_string(),
+                reason: e.to_string(),
+            })?
+            .1
+            .validity()
+            .not_after
+            .timestamp();
+        Ok(Loaded {
+            certified: Arc::new(certified),
+            not_after,
+        })
+    }
+
+    fn publish(&self) {
+        metrics::gauge!(CERTIFICATE_EXPIRY).set(self.not_after as f64);
+    }
+}
+
+/// The certificate and key files, and what was last seen in them.
+struct PairWatch {
+    cert: PathBuf,
+    key: PathBuf,
+    provider: Arc<CryptoProvider>,
+    /// SHA-256 of the contents last loaded or refused (or of the read error last
+    /// reported): the same again is not looked at twice, nor warned about twice.
+    seen: Vec<u8>,
+}
+
+/// What one look at the files found.
+#[derive(Debug, PartialEq, Eq)]
+enum Check {
+    Unchanged,
+    /// A file changed between two reads; looked at again next time.
+    InFlux,
+    Reloaded,
+    Refused,
+}
+
+impl PairWatch {
+    fn new(cert: &Path, key: &Path, provider: Arc<CryptoProvider>) -> PairWatch {
+        PairWatch {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            provider,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The pair at start; an error here stops kcache, as before reloading existed.
+    fn load_first(&mut self) -> Result<Loaded> {
+        let (cert, key) = self.read()?;
+        self.seen = digest(&[b"pair", &cert, &key]);
+        self.parse(&cert, &key)
+    }
+
+    fn spawn(mut self, resolver: Weak<Resolver>, interval: Duration) {
+        let spawned = std::thread::Builder::new()
+            .name("kcache-tls-reload".into())
+            .spawn(move || loop {
+                std::thread::sleep(interval);
+                // Gone with the server's configuration.
+                let Some(resolver) = resolver.upgrade() else {
+                    return;
+                };
+                self.check(&resolver);
+            });
+        match spawned {
+            Ok(_) => {
+                // Both series from the start, so that an alert on errors has a baseline.
+                metrics::counter!(CERTIFICATE_RELOADS, "result" => "ok").increment(0);
+                metrics::counter!(CERTIFICATE_RELOADS, "result" => "error").increment(0);
+            }
+            Err(e) => {
+                tracing::warn!("starting the TLS certificate reload thread: {e}; the certificate will not be reloaded");
+            }
+        }
+    }
+
+    /// Reads both files and swaps in their pair if it changed and loads.
+    fn check(&mut self, resolver: &Resolver) -> Check {
+        let (cert, key) = match self.read_settled() {
+            Ok(Some(pair)) => pair,
+            Ok(None) => return Check::InFlux,
+            Err(e) => {
+                let seen = digest(&[b"error", e.to_string().as_bytes()]);
+                if seen == self.seen {
+                    return Check::Unchanged;
+                }
+                self.seen = seen;
+                metrics::counter!(CERTIFICATE_RELOADS, "result" => "error").increment(1);
+                tracing::warn!(
+                    "reloading the serving certificate: {e}; still serving the previous one"
+                );
+                return Check::Refused;
+            }
+        };
+        let seen = digest(&[b"pair", &cert, &key]);
+        if seen == self.seen {
+            return Check::Unchanged;
+        }
+        self.seen = seen;
+        match self.parse(&cert, &key) {
+            Ok(loaded) => {
+                let not_after = loaded.not_after;
+                resolver.swap(loaded);
+                metrics::counter!(CERTIFICATE_RELOADS, "result" => "ok").increment(1);
+                tracing::info!(
+                    cert = %self.cert.display(),
+                    not_after,
+                    "reloaded the serving certificate"
+                );
+                Check::Reloaded
+            }
+            Err(e) => {
+                metrics::counter!(CERTIFICATE_RELOADS, "result" => "error").increment(1);
+                tracing::warn!(
+                    "reloading the serving certificate: {e}; still serving the previous one"
+                );
+                Check::Refused
+            }
+        }
+    }
+
+    fn read(&self) -> Result<(Vec<u8>, Vec<u8>)> {
+        let read = |path: &Path| {
+            std::fs::read(path).map_err(|source| Error::Read {
+                path: path.display().to_string(),
+                source,
+            })
+        };
+        Ok((read(&self.cert)?, read(&self.key)?))
+    }
+
+    /// Both files, unless the certificate changed while the key was read (a swap between
+    /// the two reads would pair an old certificate with a new key): `None` then.
+    fn read_settled(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        let (cert, key) = self.read()?;
+        let again = std::fs::read(&self.cert).map_err(|source| Error::Read {
+            path: self.cert.display().to_string(),
+            source,
+        })?;
+        Ok((again == cert).then_some((cert, key)))
+    }
+
+    fn parse(&self, cert: &[u8], key: &[u8]) -> Result<Loaded> {
+        let cert_path = self.cert.display().to_string();
+        let key_path = self.key.display().to_string();
+        let chain = CertificateDer::pem_slice_iter(cert)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| Error::ReadCert {
+                path: cert_path.clone(),
+                source,
+            })?;
+        if chain.is_empty() {
+            return Err(Error::NoCertificate { path: cert_path });
+        }
+        let key = PrivateKeyDer::from_pem_slice(key).map_err(|source| Error::ReadKey {
+            path: key_path.clone(),
+            source,
+        })?;
+        // `from_der` also checks that the key is the certificate's (`keys_match`).
+        let certified = CertifiedKey::from_der(chain, key, &self.provider).map_err(|source| {
+            Error::KeyPair {
+                cert: cert_path.clone(),
+                key: key_path,
+                source,
+            }
+        })?;
+        Loaded::new(certified, &cert_path)
+    }
+}
+
+fn digest(parts: &[&[u8]]) -> Vec<u8> {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for part in parts {
+        ctx.update(&(part.len() as u64).to_be_bytes());
+        ctx.update(part);
+    }
+    ctx.finish().as_ref().to_vec()
 }
 
 /// The verified client certificate of a connection (DER of the leaf), stored per
@@ -131,20 +425,6 @@ pub fn cert_identity(der: &[u8]) -> Option<(String, Vec<String>)> {
     Some((user, groups))
 }
 
-fn load(cert: &Path, key: &Path) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
-    let chain = CertificateDer::pem_file_iter(cert)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|source| Error::ReadCert {
-            path: cert.display().to_string(),
-            source,
-        })?;
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|source| Error::ReadKey {
-        path: key.display().to_string(),
-        source,
-    })?;
-    Ok((chain, key))
-}
-
 fn self_signed(hosts: &[String]) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
     let mut names: Vec<String> = vec!["localhost".into(), "127.0.0.1".into()];
     names.extend(hosts.iter().cloned());
@@ -162,7 +442,14 @@ mod tests {
 
     #[test]
     fn self_signed_config_offers_a_certificate() {
-        let cfg = server_config(None, None, None, &["kcache.example".into()]).expect("config");
+        let cfg = server_config(
+            None,
+            None,
+            None,
+            &["kcache.example".into()],
+            DEFAULT_RELOAD_INTERVAL,
+        )
+        .expect("config");
         assert!(
             cfg.alpn_protocols.is_empty(),
             "actix-web adds h2 and http/1.1 itself"
@@ -189,7 +476,92 @@ mod tests {
 
     #[test]
     fn half_configured_files_are_refused() {
-        let e = server_config(Some(Path::new("/nope.crt")), None, None, &[]).expect_err("half");
+        let e = server_config(
+            Some(Path::new("/nope.crt")),
+            None,
+            None,
+            &[],
+            DEFAULT_RELOAD_INTERVAL,
+        )
+        .expect_err("half");
         assert!(matches!(e, Error::HalfConfigured));
+    }
+
+    /// A self-signed certificate for 127.0.0.1 and its key, as PEM.
+    fn pem_pair() -> (String, String) {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let params = rcgen::CertificateParams::new(vec!["127.0.0.1".into()]).expect("params");
+        let cert = params.self_signed(&key).expect("cert");
+        (cert.pem(), key.serialize_pem())
+    }
+
+    fn served(resolver: &Resolver) -> Vec<u8> {
+        resolver.current.read().expect("lock").cert[0]
+            .as_ref()
+            .to_vec()
+    }
+
+    fn der(pem: &str) -> Vec<u8> {
+        CertificateDer::from_pem_slice(pem.as_bytes())
+            .expect("pem")
+            .as_ref()
+            .to_vec()
+    }
+
+    #[test]
+    fn a_changed_pair_is_swapped_in_and_a_broken_one_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        let write = |c: &str, k: &str| {
+            std::fs::write(&cert, c).expect("write cert");
+            std::fs::write(&key, k).expect("write key");
+        };
+        let (a_cert, a_key) = pem_pair();
+        write(&a_cert, &a_key);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut watch = PairWatch::new(&cert, &key, provider);
+        let resolver = Resolver::new(watch.load_first().expect("first pair"));
+        assert_eq!(served(&resolver), der(&a_cert));
+        assert_eq!(watch.check(&resolver), Check::Unchanged);
+
+        let (b_cert, b_key) = pem_pair();
+        write(&b_cert, &b_key);
+        assert_eq!(watch.check(&resolver), Check::Reloaded);
+        assert_eq!(served(&resolver), der(&b_cert));
+        assert_eq!(watch.check(&resolver), Check::Unchanged);
+
+        // A certificate with someone else's key: refused once, then left alone.
+        let (c_cert, _) = pem_pair();
+        write(&c_cert, &b_key);
+        assert_eq!(watch.check(&resolver), Check::Refused);
+        assert_eq!(watch.check(&resolver), Check::Unchanged);
+        assert_eq!(served(&resolver), der(&b_cert));
+
+        // Garbage, then a missing file: the same.
+        write("not a certificate", &b_key);
+        assert_eq!(watch.check(&resolver), Check::Refused);
+        std::fs::remove_file(&key).expect("remove key");
+        assert_eq!(watch.check(&resolver), Check::Refused);
+        assert_eq!(watch.check(&resolver), Check::Unchanged);
+        assert_eq!(served(&resolver), der(&b_cert));
+
+        // Back to a good pair.
+        let (d_cert, d_key) = pem_pair();
+        write(&d_cert, &d_key);
+        assert_eq!(watch.check(&resolver), Check::Reloaded);
+        assert_eq!(served(&resolver), der(&d_cert));
+    }
+
+    #[test]
+    fn a_mismatched_pair_at_start_is_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        let (a_cert, _) = pem_pair();
+        let (_, b_key) = pem_pair();
+        std::fs::write(&cert, a_cert).expect("write cert");
+        std::fs::write(&key, b_key).expect("write key");
+        let e = server_config(Some(&cert), Some(&key), None, &[], DEFAULT_RELOAD_INTERVAL)
+            .expect_err("mismatch");
+        assert!(matches!(e, Error::KeyPair { .. }), "{e}");
     }
 }
