@@ -21,27 +21,12 @@ const WARNING: &str = "still serving the previous one";
 fn make_pair(dir: &Path, name: &str, days: u32) {
     let d = dir.join(name);
     std::fs::create_dir(&d).expect("create the pair's dir");
-    support::openssl(
+    support::self_signed_ec(
         &d,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "tls.key",
-            "-out",
-            "tls.crt",
-            "-days",
-            &days.to_string(),
-            "-subj",
-            &format!("/CN=127.0.0.1/O={name}"),
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ],
+        ("tls.key", "tls.crt"),
+        days,
+        &format!("/CN=127.0.0.1/O={name}"),
+        &["-addext", "subjectAltName=IP:127.0.0.1"],
     );
 }
 

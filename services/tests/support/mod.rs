@@ -82,6 +82,31 @@ pub fn bin_dir() -> PathBuf {
 }
 
 /// Runs openssl with `args` in `dir`; panics with openssl's stderr on failure.
+/// A self-signed P-256 certificate and its key, written as `files` (key, certificate) in
+/// `dir`; `extra` goes to `openssl req` as is (e.g. `-addext subjectAltName=…`).
+pub fn self_signed_ec(dir: &Path, files: (&str, &str), days: u32, subject: &str, extra: &[&str]) {
+    let days = days.to_string();
+    let mut args = vec![
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        files.0,
+        "-out",
+        files.1,
+        "-days",
+        &days,
+        "-subj",
+        subject,
+    ];
+    args.extend_from_slice(extra);
+    openssl(dir, &args);
+}
+
 pub fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
         .current_dir(dir)
@@ -249,25 +274,12 @@ impl TestCluster {
         // The service-account signing key must be RSA (tokens are signed RS256).
         openssl(d, &["genrsa", "-out", "sa.key", "2048"]);
         openssl(d, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"]);
-        openssl(
+        self_signed_ec(
             &d.join("pki"),
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.crt",
-                "-days",
-                "30",
-                "-subj",
-                "/CN=kcache-test-client-ca",
-            ],
+            ("ca.key", "ca.crt"),
+            30,
+            "/CN=kcache-test-client-ca",
+            &[],
         );
         std::fs::write(
             &self.kubeconfig,
