@@ -132,7 +132,7 @@ impl Kind {
             let mut rest = rest;
             if rest[0] == "namespaces"
                 && rest.len() > 2
-                && !matches!(rest[2], "status" | "finalize")
+                && !crate::request::NAMESPACE_SUBRESOURCES.contains(&rest[2])
             {
                 rest = &rest[2..];
             }
@@ -154,7 +154,7 @@ impl Kind {
 
 /// apimachinery's query bool: the first `watch` value, true unless `0` or `false`
 /// (any case) — an empty `?watch` is true.
-fn watch_requested(query: &str) -> bool {
+pub fn watch_requested(query: &str) -> bool {
     url::form_urlencoded::parse(query.as_bytes())
         .find(|(k, _)| k == "watch")
         .is_some_and(|(_, v)| v != "0" && !v.eq_ignore_ascii_case("false"))

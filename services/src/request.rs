@@ -24,7 +24,7 @@ pub struct ResourcePath {
 }
 
 /// The namespace subresources the request-info parser keeps on the namespace itself.
-const NAMESPACE_SUBRESOURCES: [&str; 2] = ["status", "finalize"];
+pub const NAMESPACE_SUBRESOURCES: [&str; 2] = ["status", "finalize"];
 
 /// Longest object name kcache keeps a key for: the API server's limit for the names of
 /// nearly every resource (a DNS-1123 subdomain). Longer names cannot exist there; a GET of

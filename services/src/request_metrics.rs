@@ -14,6 +14,9 @@ use std::time::Instant;
 
 use actix_web::http::Method;
 
+use crate::proxy::watch_requested;
+use crate::request::NAMESPACE_SUBRESOURCES;
+
 pub const REQUESTS: &str = "kcache_requests_total";
 pub const REQUEST_DURATION: &str = "kcache_request_duration_seconds";
 
@@ -85,15 +88,16 @@ pub fn request_labels<'a>(method: &Method, path: &'a str, query: &str) -> Reques
     }
     if rest.first() == Some(&"namespaces")
         && rest.len() > 2
-        && rest[2] != "status"
-        && rest[2] != "finalize"
+        && !NAMESPACE_SUBRESOURCES.contains(&rest[2])
     {
         rest = &rest[2..];
     }
     let resource = rest.first().copied().unwrap_or("");
     let name = rest.get(1).copied().filter(|n| !n.is_empty());
     let subresource = rest.get(2).copied();
-    let watch = watch_path || query_says_watch(query);
+    // As the API server's request info: the old `/watch/` paths always, `?watch` only on a
+    // collection (a named GET with it is a get), read as the proxy reads it.
+    let watch = watch_path || (name.is_none() && watch_requested(query));
     let verb = match *method {
         Method::GET | Method::HEAD if watch => "WATCH",
         _ if matches!(
@@ -125,16 +129,6 @@ fn method_verb(method: &Method) -> &'static str {
         Method::OPTIONS => "OPTIONS",
         _ => "OTHER",
     }
-}
-
-/// `watch=true` or `watch=1` (the values `strconv.ParseBool` reads as true).
-fn query_says_watch(query: &str) -> bool {
-    query.split('&').any(|pair| {
-        matches!(
-            pair.split_once('=').unwrap_or((pair, "")),
-            ("watch", "1" | "t" | "T" | "true" | "TRUE" | "True")
-        )
-    })
 }
 
 /// Characters of a resource or group name as the API server has them.
@@ -238,6 +232,38 @@ mod tests {
                 "/api/v1/namespaces/a/secrets",
                 "watch=false",
                 ("LIST", "", "secrets"),
+            ),
+            // apimachinery's bool: the first value, true unless 0 or false.
+            (
+                Method::GET,
+                "/api/v1/namespaces/a/secrets",
+                "watch=",
+                ("WATCH", "", "secrets"),
+            ),
+            (
+                Method::GET,
+                "/api/v1/namespaces/a/secrets",
+                "watch=yes",
+                ("WATCH", "", "secrets"),
+            ),
+            (
+                Method::GET,
+                "/api/v1/namespaces/a/secrets",
+                "watch=0&watch=1",
+                ("LIST", "", "secrets"),
+            ),
+            // A named GET with ?watch is a get; the old watch path by name is a watch.
+            (
+                Method::GET,
+                "/api/v1/namespaces/a/secrets/s",
+                "watch=1",
+                ("GET", "", "secrets"),
+            ),
+            (
+                Method::GET,
+                "/api/v1/watch/namespaces/a/secrets/s",
+                "",
+                ("WATCH", "", "secrets"),
             ),
             (
                 Method::GET,
