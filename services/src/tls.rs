@@ -290,11 +290,7 @@ impl PairWatch {
                     return Check::Unchanged;
                 }
                 self.seen = seen;
-                metrics::counter!(CERTIFICATE_RELOADS, "result" => "error").increment(1);
-                tracing::warn!(
-                    "reloading the serving certificate: {e}; still serving the previous one"
-                );
-                return Check::Refused;
+                return refused(&e);
             }
         };
         let seen = digest(&[b"pair", &cert, &key]);
@@ -314,34 +310,19 @@ impl PairWatch {
                 );
                 Check::Reloaded
             }
-            Err(e) => {
-                metrics::counter!(CERTIFICATE_RELOADS, "result" => "error").increment(1);
-                tracing::warn!(
-                    "reloading the serving certificate: {e}; still serving the previous one"
-                );
-                Check::Refused
-            }
+            Err(e) => refused(&e),
         }
     }
 
     fn read(&self) -> Result<(Vec<u8>, Vec<u8>)> {
-        let read = |path: &Path| {
-            std::fs::read(path).map_err(|source| Error::Read {
-                path: path.display().to_string(),
-                source,
-            })
-        };
-        Ok((read(&self.cert)?, read(&self.key)?))
+        Ok((read_file(&self.cert)?, read_file(&self.key)?))
     }
 
     /// Both files, unless the certificate changed while the key was read (a swap between
     /// the two reads would pair an old certificate with a new key): `None` then.
     fn read_settled(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
         let (cert, key) = self.read()?;
-        let again = std::fs::read(&self.cert).map_err(|source| Error::Read {
-            path: self.cert.display().to_string(),
-            source,
-        })?;
+        let again = read_file(&self.cert)?;
         Ok((again == cert).then_some((cert, key)))
     }
 
@@ -371,6 +352,21 @@ impl PairWatch {
         })?;
         Loaded::new(certified, &cert_path)
     }
+}
+
+/// A pair that did not load: counted and logged (once per content: the caller only comes
+/// here for contents not seen before); the previous pair keeps serving.
+fn refused(e: &Error) -> Check {
+    metrics::counter!(CERTIFICATE_RELOADS, "result" => "error").increment(1);
+    tracing::warn!("reloading the serving certificate: {e}; still serving the previous one");
+    Check::Refused
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| Error::Read {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 fn digest(parts: &[&[u8]]) -> Vec<u8> {
