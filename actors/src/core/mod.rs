@@ -13,6 +13,7 @@ pub mod key;
 pub mod lease;
 pub mod lines;
 pub mod mirror;
+pub mod object;
 pub mod relist;
 pub mod rv;
 pub mod seal;
