@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use serde_json::Value;
 use thiserror::Error;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::ReceiverStream;
@@ -22,6 +21,7 @@ use crate::core::bookmark::{next_bookmark_time, BookmarkTimer};
 use crate::core::event::{StoreEvent, BACKFILLED_SEQ};
 use crate::core::filter::EventType;
 use crate::core::key::Key;
+use crate::core::object::Object;
 use crate::core::relist;
 use crate::core::rv::WatchPlan;
 use crate::core::store::Store;
@@ -88,7 +88,7 @@ impl KeyStatus {
 /// A consistent view of a key for a list or get.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
-    pub objects: Vec<Arc<Value>>,
+    pub objects: Vec<Arc<Object>>,
     /// The key's progress RV when the snapshot was taken (the list's resourceVersion).
     pub rv: u64,
 }
@@ -244,7 +244,7 @@ impl CachedObject {
         }
     }
 
-    fn on_listed(&mut self, items: Vec<Value>, rv: u64) {
+    fn on_listed(&mut self, items: Vec<Object>, rv: u64) {
         self.probe_in_flight = false;
         if rv > self.progress {
             // A probe's progress reaches mirrors by the next heartbeat: send it now.
@@ -294,7 +294,7 @@ impl CachedObject {
         self.serve_pending();
     }
 
-    fn on_event(&mut self, kind: EventType, object: Value, rv: u64) {
+    fn on_event(&mut self, kind: EventType, object: Object, rv: u64) {
         metrics::counter!(m::EVENTS_RECEIVED, &self.labels).increment(1);
         // A list (relist or probe) already reflected anything at or below the progress RV.
         if !self.synced || rv <= self.progress {
@@ -302,13 +302,14 @@ impl CachedObject {
         }
         let before_objects = self.store.len();
         let before_window = self.window.len();
-        let object = Arc::new(object);
-        let prev = match kind {
-            EventType::Deleted => self.store.remove(&object),
-            EventType::Added | EventType::Modified => self.store.upsert(object.clone()),
-        };
         self.seq += 1;
-        let ev = Arc::new(StoreEvent::new(self.seq, rv, kind, object, prev));
+        // The event's line and the stored object share one allocation.
+        let mut ev = StoreEvent::of_new(self.seq, rv, kind, object, None);
+        ev.prev = match kind {
+            EventType::Deleted => self.store.remove(&ev.object),
+            EventType::Added | EventType::Modified => self.store.upsert(ev.object.clone()),
+        };
+        let ev = Arc::new(ev);
         self.window.push(ev.clone());
         self.set_progress(rv);
         self.dispatch(&ev);

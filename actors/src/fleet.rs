@@ -27,13 +27,13 @@ use base64::Engine;
 use bytes::Bytes;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use thiserror::Error;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::cached_object::{FleetInfo, KeyStatus};
 use crate::config::NatsConfig;
-use crate::core::event::{object_rv, EventType, StoreEvent};
+use crate::core::event::StoreEvent;
+use crate::core::object::{self, Schema, WireEvent};
 use crate::core::interest::Interest;
 use crate::core::key::Key;
 use crate::core::lease;
@@ -534,20 +534,12 @@ struct KeyTask {
 /// (event lines), by kind.
 type Body = (Kind, Bytes);
 
-#[derive(Deserialize)]
-struct Line {
-    #[serde(rename = "type")]
-    kind: String,
-    object: Value,
-}
-
-#[derive(Deserialize)]
-struct List {
-    #[serde(default)]
-    items: Vec<Value>,
-}
-
 impl KeyTask {
+    /// What the header of the key's objects holds (`core::object`).
+    fn schema(&self) -> Schema {
+        Schema::of(&self.key.resource.group, &self.key.resource.resource)
+    }
+
     async fn run(mut self) {
         let mut next = Next::Contend;
         loop {
@@ -992,19 +984,15 @@ impl KeyTask {
                     // Every event after this replica's RV: apply them in order (the
                     // CachedObject drops what it has), then take the owner's progress.
                     for line in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-                        let Ok(line) = serde_json::from_slice::<Line>(line) else {
+                        let Ok(ev) = object::parse_line(line, self.schema()) else {
                             metrics::counter!(m::FLEET_BAD_MESSAGES).increment(1);
                             continue;
                         };
-                        let Some(kind) = EventType::from_wire(&line.kind) else {
+                        let WireEvent::Object { kind, object } = ev else {
                             continue;
                         };
-                        let rv = object_rv(&line.object);
-                        let msg = SourceMsg::Event {
-                            kind,
-                            object: line.object,
-                            rv,
-                        };
+                        let rv = object.rv();
+                        let msg = SourceMsg::Event { kind, object, rv };
                         if self.tx.send(msg).await.is_err() {
                             return None;
                         }
@@ -1012,17 +1000,13 @@ impl KeyTask {
                     tracing::debug!(key = %self.key, epoch = stamp.epoch, rv = stamp.rv, "caught up from the owner's window (replay)");
                     SourceMsg::Progress { rv: stamp.rv }
                 }
-                Output::Apply(stamp, (_, body)) => match serde_json::from_slice::<Line>(&body) {
-                    Ok(line) => {
-                        let Some(kind) = EventType::from_wire(&line.kind) else {
-                            continue;
-                        };
-                        SourceMsg::Event {
-                            kind,
-                            object: line.object,
-                            rv: stamp.rv,
-                        }
-                    }
+                Output::Apply(stamp, (_, body)) => match object::parse_line(&body, self.schema()) {
+                    Ok(WireEvent::Object { kind, object }) => SourceMsg::Event {
+                        kind,
+                        object,
+                        rv: stamp.rv,
+                    },
+                    Ok(_) => continue,
                     Err(error) => {
                         tracing::warn!(key = %self.key, %error, "undecodable event; resynchronising");
                         metrics::counter!(m::FLEET_BAD_MESSAGES).increment(1);
@@ -1031,9 +1015,14 @@ impl KeyTask {
                         continue;
                     }
                 },
-                Output::Snapshot(stamp, (_, body)) => match serde_json::from_slice::<List>(&body) {
-                    Ok(list) => SourceMsg::Listed {
-                        items: list.items,
+                Output::Snapshot(stamp, (_, body)) => match object::parse_list(
+                    &body,
+                    self.schema(),
+                    &self.key.resource.kind,
+                    &self.key.resource.api_version(),
+                ) {
+                    Ok((items, _)) => SourceMsg::Listed {
+                        items,
                         rv: stamp.rv,
                     },
                     Err(error) => {
@@ -1120,21 +1109,17 @@ fn encode_replay(events: &[Arc<StoreEvent>]) -> Bytes {
     Bytes::from(out)
 }
 
-/// A snapshot body: a `List` as the API server would answer it.
+/// A snapshot body: a `List` as the API server would answer it, the objects' own bytes.
 fn encode_list(snap: &OwnerSnapshot) -> Bytes {
-    let mut out = Vec::with_capacity(256 + snap.objects.len() * 512);
-    out.extend_from_slice(
-        b"{\"kind\":\"List\",\"apiVersion\":\"v1\",\"metadata\":{\"resourceVersion\":\"",
-    );
-    out.extend_from_slice(snap.rv.to_string().as_bytes());
-    out.extend_from_slice(b"\"},\"items\":[");
-    for (i, o) in snap.objects.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        // Serialising a `Value` into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut out, o.as_ref());
+    let head = object::list_head("List", "v1", snap.rv);
+    let size = head.len() + snap.objects.iter().map(|o| o.json().len() + 1).sum::<usize>() + 2;
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(&head);
+    let mut items = object::ListWriter::new(usize::MAX);
+    for o in &snap.objects {
+        // An unbounded chunk never fills: the whole list comes out of `finish`.
+        let _ = items.push(o.json());
     }
-    out.extend_from_slice(b"]}");
+    out.extend_from_slice(&items.finish());
     Bytes::from(out)
 }

@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::Addr;
+use bytes::Bytes;
 use futures::StreamExt;
-use kube::core::WatchEvent;
-use serde_json::Value;
 use thiserror::Error;
 use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
 use tokio::task::JoinHandle;
@@ -19,10 +18,11 @@ use tokio::task::JoinHandle;
 use crate::cached_object::KeyStatus;
 use crate::config::CacheConfig;
 use crate::core::backfill::Replay;
-use crate::core::event::{object_rv, StoreEvent};
+use crate::core::event::StoreEvent;
 use crate::core::filter::EventType;
 use crate::core::key::{Key, Scope};
 use crate::core::lines::Lines;
+use crate::core::object::{self, Object, Schema, WireEvent};
 use crate::core::upstream::{step, Action, Backoff, Input, State};
 use crate::listener::Listener;
 use crate::metrics as m;
@@ -38,6 +38,13 @@ pub enum Error {
     },
     #[error("upstream list of {key} returned no usable resourceVersion")]
     NoResourceVersion { key: String },
+    /// The list's body is not a list of objects kcache can read (`core::object`).
+    #[error("upstream list of {key} is not usable: {source}")]
+    ListUnreadable {
+        key: String,
+        #[source]
+        source: object::Error,
+    },
     #[error("upstream watch of {key} failed to start: {source}")]
     WatchStartFailed {
         key: String,
@@ -62,11 +69,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug)]
 pub enum SourceMsg {
     /// A complete list of the key at `rv` (initial sync, relist, verification or probe).
-    Listed { items: Vec<Value>, rv: u64 },
+    Listed { items: Vec<Object>, rv: u64 },
     /// One upstream event at `rv`.
     Event {
         kind: EventType,
-        object: Value,
+        object: Object,
         rv: u64,
     },
     /// The key is known complete up to `rv` (an upstream bookmark).
@@ -107,7 +114,7 @@ pub enum Role {
 /// What an owner's CachedObject hands its source to answer a snapshot request.
 #[derive(Debug)]
 pub struct OwnerSnapshot {
-    pub objects: Vec<Arc<Value>>,
+    pub objects: Vec<Arc<Object>>,
     /// Set instead of `objects` when the request's `since` could be replayed.
     pub replay: Option<Vec<Arc<StoreEvent>>>,
     pub rv: u64,
@@ -264,6 +271,7 @@ impl UpstreamSource {
             clients: self.clients.clone(),
             limits: self.limits.clone(),
             key: key.clone(),
+            schema: Schema::of(&key.resource.group, &key.resource.resource),
         }
     }
 
@@ -292,16 +300,16 @@ const REPLAY_WATCH_SECS: u64 = 3;
 /// object, and JSON can escape that to several times as many bytes.
 const MAX_EVENT_LINE: usize = 64 << 20;
 
-/// Starts a watch request and decodes its body line by line ([`Lines`]) into events;
-/// what kube-rs's `request_events` does, without its 8 KiB buffer per stream. Error
-/// answers become `kube::Error::Api` with the server's `Status`, as there.
-async fn watch_events(
+/// Sends a request and returns its response body; error answers become
+/// `kube::Error::Api` with the server's `Status`, as kube-rs's `request` does.
+async fn send(
     client: &kube::Client,
     req: http::Request<Vec<u8>>,
-) -> Result<impl futures::Stream<Item = Result<WatchEvent<Value>, kube::Error>>, kube::Error> {
+) -> Result<kube::client::Body, kube::Error> {
     use http_body_util::BodyExt;
     let (mut parts, body) = req.into_parts();
-    // Event lines are small and must arrive at once; gzip would batch them.
+    // Event lines are small and must arrive at once; gzip would batch them. Lists are
+    // read by kcache itself.
     parts.headers.insert(
         http::header::ACCEPT_ENCODING,
         http::HeaderValue::from_static("identity"),
@@ -315,31 +323,49 @@ async fn watch_events(
     let code = res.status();
     if code.is_client_error() || code.is_server_error() {
         let bytes = res.into_body().collect().await?.to_bytes();
-        let status = serde_json::from_slice::<kube::core::Status>(&bytes).unwrap_or_else(|_| {
-            kube::core::Status::failure(String::from_utf8_lossy(&bytes).trim(), "")
-                .with_code(code.as_u16())
-        });
-        return Err(kube::Error::Api(Box::new(status)));
+        return Err(kube::Error::Api(Box::new(status_of(&bytes, code.as_u16()))));
     }
+    Ok(res.into_body())
+}
+
+/// The `Status` in an error answer or ERROR event, or one made of its text.
+fn status_of(bytes: &[u8], code: u16) -> kube::core::Status {
+    serde_json::from_slice::<kube::core::Status>(bytes).unwrap_or_else(|_| {
+        kube::core::Status::failure(String::from_utf8_lossy(bytes).trim(), "").with_code(code)
+    })
+}
+
+/// Starts a watch request and decodes its body line by line ([`Lines`]) into events whose
+/// objects keep the bytes the upstream sent (`core::object`); what kube-rs's
+/// `request_events` does, without its 8 KiB buffer per stream or a parse into a tree.
+async fn watch_events(
+    client: &kube::Client,
+    req: http::Request<Vec<u8>>,
+    schema: Schema,
+) -> Result<impl futures::Stream<Item = Result<WireEvent, kube::Error>>, kube::Error> {
+    use http_body_util::BodyExt;
     struct St {
         body: kube::client::Body,
         lines: Lines,
-        ready: std::collections::VecDeque<bytes::Bytes>,
+        ready: std::collections::VecDeque<Bytes>,
         done: bool,
+        schema: Schema,
     }
     let st = St {
-        body: res.into_body(),
+        body: send(client, req).await?,
         lines: Lines::new(MAX_EVENT_LINE),
         ready: Default::default(),
         done: false,
+        schema,
     };
     Ok(futures::stream::unfold(st, |mut st| async move {
         loop {
             if let Some(line) = st.ready.pop_front() {
-                let ev = serde_json::from_slice::<WatchEvent<Value>>(&line).map_err(|e| {
+                let ev = object::parse_line(&line, st.schema).map_err(|e| {
+                    // A bare `Status` instead of an event: the server's error answer.
                     match serde_json::from_slice::<kube::core::Status>(&line) {
-                        Ok(status) => kube::Error::Api(Box::new(status)),
-                        Err(_) => kube::Error::SerdeError(e),
+                        Ok(status) if status.code != 0 => kube::Error::Api(Box::new(status)),
+                        _ => kube::Error::ReadEvents(std::io::Error::other(e)),
                     }
                 });
                 return Some((ev, st));
@@ -389,6 +415,8 @@ struct Reader {
     clients: Arc<UpstreamClients>,
     limits: Arc<UpstreamLimits>,
     key: Key,
+    /// What the header of the key's objects holds (`core::object`).
+    schema: Schema,
 }
 
 struct Run {
@@ -421,58 +449,43 @@ impl Reader {
         format!("{}?{}", self.key.upstream_path(), q.finish())
     }
 
-    async fn list_params(&self, params: &[(&str, String)]) -> Result<(Vec<Value>, u64)> {
+    /// Lists the key: its objects keep the upstream's bytes (`core::object`), with the
+    /// `kind` and `apiVersion` list items lack and watch events carry added once here.
+    async fn list_params(&self, params: &[(&str, String)]) -> Result<(Vec<Object>, u64)> {
+        use http_body_util::BodyExt;
         self.limits.pace().await;
         // A closed semaphore cannot happen (never closed); treat it as no limit.
         let _permit = self.limits.lists.acquire().await.ok();
         metrics::counter!(m::UPSTREAM_LISTS, "group" => self.key.resource.group.clone(), "resource" => self.key.resource.resource.clone()).increment(1);
+        let failed = |source| Error::ListFailed {
+            key: self.key.to_string(),
+            source,
+        };
         let uri = self.uri(params);
         let req = http::Request::get(uri)
+            .header(http::header::ACCEPT, "application/json")
             .body(Vec::new())
-            .map_err(|e| Error::ListFailed {
-                key: self.key.to_string(),
-                source: kube::Error::HttpError(e),
-            })?;
+            .map_err(|e| failed(kube::Error::HttpError(e)))?;
         let conn = self.clients.checkout();
-        let list: Value = conn
-            .client()
-            .request(req)
-            .await
-            .map_err(|source| Error::ListFailed {
-                key: self.key.to_string(),
-                source,
-            })?;
-        let rv = list
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .and_then(|s| s.parse::<u64>().ok())
-            .ok_or_else(|| Error::NoResourceVersion {
-                key: self.key.to_string(),
-            })?;
-        let kind = self.key.resource.kind.clone();
-        let api_version = self.key.resource.api_version();
-        let items = match list {
-            Value::Object(mut map) => match map.remove("items") {
-                Some(Value::Array(items)) => items,
-                _ => Vec::new(),
-            },
-            _ => Vec::new(),
-        };
-        // List items carry no kind/apiVersion; watch events must, so add them once here.
-        let items = items
-            .into_iter()
-            .map(|mut o| {
-                if let Some(obj) = o.as_object_mut() {
-                    obj.insert("kind".into(), Value::String(kind.clone()));
-                    obj.insert("apiVersion".into(), Value::String(api_version.clone()));
-                }
-                o
-            })
-            .collect();
+        let body = send(conn.client(), req).await.map_err(failed)?;
+        let body = body.collect().await.map_err(failed)?.to_bytes();
+        let (items, rv) = object::parse_list(
+            &body,
+            self.schema,
+            &self.key.resource.kind,
+            &self.key.resource.api_version(),
+        )
+        .map_err(|source| Error::ListUnreadable {
+            key: self.key.to_string(),
+            source,
+        })?;
+        let rv = rv.ok_or_else(|| Error::NoResourceVersion {
+            key: self.key.to_string(),
+        })?;
         Ok((items, rv))
     }
 
-    async fn list_with(&self, rv: u64, matching: &str) -> Result<(Vec<Value>, u64)> {
+    async fn list_with(&self, rv: u64, matching: &str) -> Result<(Vec<Object>, u64)> {
         self.list_params(&[
             ("resourceVersion", rv.to_string()),
             ("resourceVersionMatch", matching.to_string()),
@@ -489,7 +502,7 @@ impl Reader {
     ) -> Result<
         (
             crate::upstream_pool::Checkout,
-            impl futures::Stream<Item = Result<WatchEvent<Value>, kube::Error>>,
+            impl futures::Stream<Item = Result<WireEvent, kube::Error>>,
         ),
         kube::Error,
     > {
@@ -504,7 +517,7 @@ impl Reader {
             .body(Vec::new())
             .map_err(kube::Error::HttpError)?;
         let conn = self.clients.checkout();
-        let stream = watch_events(conn.client(), req).await?;
+        let stream = watch_events(conn.client(), req, self.schema).await?;
         Ok((conn, stream))
     }
 
@@ -568,27 +581,21 @@ impl Reader {
                 Ok(Some(Ok(ev))) => ev,
             };
             let (kind, object) = match event {
-                WatchEvent::Added(o) => (EventType::Added, o),
-                WatchEvent::Modified(o) => (EventType::Modified, o),
-                WatchEvent::Deleted(o) => (EventType::Deleted, o),
-                WatchEvent::Bookmark(b) => {
-                    if b.metadata
-                        .resource_version
-                        .parse::<u64>()
-                        .is_ok_and(|rv| rv >= to)
-                    {
+                WireEvent::Object { kind, object } => (kind, object),
+                WireEvent::Bookmark { rv } => {
+                    if rv >= to {
                         return Ok(replay);
                     }
                     continue;
                 }
-                WatchEvent::Error(s) => {
+                WireEvent::Error(status) => {
                     return Err(Error::WatchFailed {
                         key,
-                        source: kube::Error::Api(s),
+                        source: kube::Error::Api(Box::new(status_of(&status, 500))),
                     })
                 }
             };
-            let rv = object_rv(&object);
+            let rv = object.rv();
             if rv > to {
                 return Ok(replay);
             }
@@ -681,7 +688,7 @@ impl Run {
 
     /// Only namespaced name keys of Secrets/ConfigMaps may park: the object must exist and
     /// be immutable.
-    fn frozen(&self, items: &[Value]) -> bool {
+    fn frozen(&self, items: &[Object]) -> bool {
         self.cfg.immutable_stop_watch
             && self.key.may_hold_immutable()
             && matches!(
@@ -692,7 +699,7 @@ impl Run {
                 }
             )
             && !items.is_empty()
-            && items.iter().all(is_immutable)
+            && items.iter().all(Object::immutable)
     }
 
     async fn report(&self, e: Error) {
@@ -706,7 +713,7 @@ impl Run {
             .await;
     }
 
-    async fn list(&mut self, rv: Option<u64>) -> Result<(Vec<Value>, u64)> {
+    async fn list(&mut self, rv: Option<u64>) -> Result<(Vec<Object>, u64)> {
         match rv {
             // NotOlderThan the last RV: a relist must never go back in time, which `0` could.
             Some(rv) => self.up.list_with(rv, "NotOlderThan").await,
@@ -770,18 +777,20 @@ impl Run {
                 Ok(Some(Ok(ev))) => ev,
             };
             let (msg, frozen) = match event {
-                WatchEvent::Added(o) => (event_msg(EventType::Added, o), false),
-                WatchEvent::Modified(o) => {
-                    let frozen = self.frozen(std::slice::from_ref(&o));
-                    (event_msg(EventType::Modified, o), frozen)
+                WireEvent::Object { kind, object } => {
+                    let frozen =
+                        kind == EventType::Modified && self.frozen(std::slice::from_ref(&object));
+                    let rv = object.rv();
+                    (SourceMsg::Event { kind, object, rv }, frozen)
                 }
-                WatchEvent::Deleted(o) => (event_msg(EventType::Deleted, o), false),
-                WatchEvent::Bookmark(b) => match b.metadata.resource_version.parse() {
-                    Ok(rv) => (SourceMsg::Progress { rv }, false),
-                    Err(_) => continue,
-                },
-                WatchEvent::Error(s) if s.code == 410 => return Ok(WatchEnd::Gone),
-                WatchEvent::Error(s) => {
+                // A bookmark without a usable RV moves nothing.
+                WireEvent::Bookmark { rv: 0 } => continue,
+                WireEvent::Bookmark { rv } => (SourceMsg::Progress { rv }, false),
+                WireEvent::Error(status) => {
+                    let s = status_of(&status, 500);
+                    if s.code == 410 {
+                        return Ok(WatchEnd::Gone);
+                    }
                     tracing::warn!(key = %self.key, code = s.code, message = %s.message, "upstream watch error event");
                     let ra = s
                         .details
@@ -805,15 +814,6 @@ impl Run {
             }
         }
     }
-}
-
-fn event_msg(kind: EventType, object: Value) -> SourceMsg {
-    let rv = object_rv(&object);
-    SourceMsg::Event { kind, object, rv }
-}
-
-fn is_immutable(obj: &Value) -> bool {
-    obj.get("immutable").and_then(Value::as_bool) == Some(true)
 }
 
 /// `Retry-After` of a throttled request (429), from the Status details the API server sends.

@@ -17,14 +17,15 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use bytes::Bytes;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::body;
 use crate::cached_object::{self, CachedObject};
 use crate::core::bookmark::bookmark_line;
-use crate::core::event::{encode_line, with_rv, StoreEvent, BACKFILLED_SEQ};
+use crate::core::event::{encode_line, encode_value_line, StoreEvent, BACKFILLED_SEQ};
 use crate::core::filter::{convert, Conversion, EventType, Filter};
 use crate::core::key::Key;
+use crate::core::object::Object;
 use crate::core::rv::WatchPlan;
 use crate::metrics as m;
 use crate::registry::{Registry, Release};
@@ -32,7 +33,7 @@ use crate::registry::{Registry, Release};
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Encodes one object event as a watch line.
-pub type EncodeFn = dyn Fn(EventType, &Value) -> Bytes + Send + Sync;
+pub type EncodeFn = dyn Fn(EventType, &Object) -> Bytes + Send + Sync;
 
 /// How a watcher writes an object event. JSON shares the key's pre-encoded line; other
 /// encodings (the HTTP layer's `as=Table`) encode per watcher.
@@ -43,9 +44,9 @@ pub enum Encoder {
 }
 
 impl Encoder {
-    fn encode(&self, kind: EventType, obj: &Value) -> Bytes {
+    fn encode(&self, kind: EventType, obj: &Object) -> Bytes {
         match self {
-            Encoder::Json => encode_line(kind.as_str(), obj),
+            Encoder::Json => encode_line(kind, obj),
             Encoder::Custom(f) => f(kind, obj),
         }
     }
@@ -76,7 +77,7 @@ pub struct WatcherSpec {
 /// One line still to write of a backlog.
 enum Item {
     /// An initial object, sent as ADDED if it passes the filter.
-    Object(Arc<Value>),
+    Object(Arc<Object>),
     /// The `k8s.io/initial-events-end` bookmark at this RV.
     EndBookmark(u64),
     Event(Arc<StoreEvent>),
@@ -201,7 +202,7 @@ impl Watcher {
                 Some(prev) => self
                     .spec
                     .encoder
-                    .encode(EventType::Deleted, &with_rv(prev, ev.rv)),
+                    .encode(EventType::Deleted, &prev.with_rv(ev.rv)),
                 None => return false,
             },
         };
@@ -295,7 +296,7 @@ pub fn error_line(code: u16, reason: &str, message: &str) -> Bytes {
         "reason": reason,
         "code": code,
     });
-    encode_line("ERROR", &status)
+    encode_value_line("ERROR", &status)
 }
 
 impl Actor for Watcher {
@@ -407,7 +408,7 @@ impl StreamHandler<Tick> for Watcher {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Start {
-    pub initial: Vec<Arc<Value>>,
+    pub initial: Vec<Arc<Object>>,
     pub initial_rv: u64,
     pub end_bookmark: bool,
     pub replay: Vec<Arc<StoreEvent>>,

@@ -13,6 +13,7 @@ use kcache_actors::core::interest::Interest;
 use kcache_actors::core::key::{Key, ResourceType, Scope};
 use kcache_actors::core::lease;
 use kcache_actors::core::mirror::{Input, Mirror, Output, Resync, Stamp};
+use kcache_actors::core::object::{self, Object, Schema};
 use kcache_actors::core::rv::{self, plan_list, plan_watch, Rv, RvMatch};
 use kcache_actors::core::seal::Keyring;
 use kcache_actors::core::selector::{FieldSelector, LabelSelector, MAX_REQUIREMENTS};
@@ -177,9 +178,10 @@ proptest! {
     fn label_selectors_never_panic(s in selectorish()) {
         if let Ok(sel) = LabelSelector::parse(&s) {
             // A parsed selector evaluates on any object.
-            let labels = json!({"app": "web", "a": "5"});
-            let _ = sel.matches(labels.as_object());
-            let _ = sel.matches(None);
+            for labels in [json!({"app": "web", "a": "5"}), json!(null)] {
+                let o = Object::from_value(Schema::Generic, &json!({"metadata": {"labels": labels}}));
+                let _ = sel.matches(&o.expect("valid object"));
+            }
         }
     }
 
@@ -188,8 +190,64 @@ proptest! {
         if let Ok(sel) = FieldSelector::parse(&s) {
             prop_assert!(sel.requirements().len() <= MAX_REQUIREMENTS);
             let _ = sel.validate_for("", "pods", true);
-            let _ = sel.matches(&json!({"metadata": {"name": "a"}, "spec": {"nodeName": "n"}}));
+            let pod = json!({"metadata": {"name": "a"}, "spec": {"nodeName": "n"}});
+            let _ = sel.matches(&Object::from_value(Schema::Pod, &pod).expect("valid pod"));
         }
+    }
+
+    #[test]
+    fn object_parsers_never_panic(b in proptest::collection::vec(any::<u8>(), 0..256), s in "\\PC{0,96}") {
+        for schema in [Schema::Generic, Schema::Pod, Schema::Secret, Schema::ConfigMap, Schema::Namespace] {
+            for input in [&b[..], s.as_bytes()] {
+                let _ = Object::parse(Bytes::copy_from_slice(input), schema);
+                let _ = Object::parse_copy(input, schema, "K", "v1");
+                let _ = object::parse_line(input, schema);
+                let _ = object::parse_list(input, schema, "K", "v1");
+            }
+        }
+    }
+
+    #[test]
+    fn objects_keep_their_bytes_and_edits_stay_json(
+        name in "[a-z0-9\\\\\"é\\u{1F600} ]{0,12}",
+        labels in proptest::collection::btree_map("[a-z]{1,4}", "[a-z0-9\\\\\" ]{0,6}", 0..4),
+        rv in any::<u64>(),
+        data in proptest::collection::vec(any::<f64>(), 0..4),
+        with_kind in any::<bool>(),
+        new_rv in any::<u64>(),
+    ) {
+        let mut v = json!({"metadata": {"name": name, "labels": labels, "resourceVersion": rv.to_string()}, "data": data});
+        if with_kind {
+            v["kind"] = json!("ConfigMap");
+        }
+        let text = serde_json::to_vec(&v).expect("json");
+        let o = Object::parse_copy(&text, Schema::ConfigMap, "ConfigMap", "v1").expect("valid object");
+        prop_assert_eq!(o.name(), name.as_str());
+        prop_assert_eq!(o.rv(), rv);
+        for (k, val) in &labels {
+            prop_assert_eq!(o.label(k), Some(val.as_str()));
+        }
+        // Only `kind`/`apiVersion` were added: the object reads back equal otherwise.
+        let mut back: serde_json::Value = serde_json::from_slice(o.json()).expect("still JSON");
+        prop_assert_eq!(back["kind"].clone(), json!("ConfigMap"));
+        prop_assert_eq!(back["apiVersion"].clone(), json!("v1"));
+        if let Some(m) = back.as_object_mut() {
+            m.remove("apiVersion");
+            if !with_kind {
+                m.remove("kind");
+            }
+        }
+        // Compared with the text parsed the same way (float digits read back identically).
+        let v: serde_json::Value = serde_json::from_slice(&text).expect("json");
+        prop_assert_eq!(&back, &v);
+        // An RV edit changes that member only.
+        let edited = o.with_rv(new_rv);
+        let mut after: serde_json::Value = serde_json::from_slice(edited.json()).expect("still JSON");
+        prop_assert_eq!(after["metadata"]["resourceVersion"].clone(), json!(new_rv.to_string()));
+        after["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let mut before: serde_json::Value = serde_json::from_slice(o.json()).expect("JSON");
+        before["metadata"]["resourceVersion"] = json!(rv.to_string());
+        prop_assert_eq!(after, before);
     }
 
     #[test]

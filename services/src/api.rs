@@ -12,7 +12,8 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use kcache_actors::cached_object::{self, Read};
 use kcache_actors::config::CacheConfig;
-use kcache_actors::core::event::encode_line;
+use kcache_actors::core::event::encode_value_line;
+use kcache_actors::core::object::{self, Object};
 use kcache_actors::core::filter::{EventType, Filter};
 use kcache_actors::core::key::{route, ResourceType};
 use kcache_actors::core::rv::{plan_list, plan_watch, ListPlan};
@@ -343,9 +344,7 @@ async fn serve_cached(
         Err(reason) => return Ok(Served::Forward(reason)),
     };
     let obj = snap.objects.iter().find(|o| {
-        o.pointer("/metadata/name").and_then(Value::as_str) == Some(name.as_str())
-            && (namespace.is_none()
-                || o.pointer("/metadata/namespace").and_then(Value::as_str) == namespace)
+        o.name() == name.as_str() && namespace.is_none_or(|ns| o.namespace() == ns)
     });
     let Some(obj) = obj else {
         return Err(ApiError::not_found(
@@ -354,18 +353,23 @@ async fn serve_cached(
             name,
         ));
     };
-    let body = match table {
-        Some(v) => table::to_table(
-            v,
-            &resource.group,
-            &resource.resource,
-            &[obj.as_ref()],
-            json!({ "resourceVersion": snap.rv.to_string() }),
-            include,
-            now_secs(),
-        ),
-        None => obj.as_ref().clone(),
+    let Some(v) = table else {
+        // The object's bytes as the upstream sent them.
+        return Ok(Served::Response(
+            HttpResponse::Ok()
+                .content_type("application/json")
+                .body(obj.json().clone()),
+        ));
     };
+    let body = table::to_table(
+        v,
+        &resource.group,
+        &resource.resource,
+        &[&obj.to_value()],
+        json!({ "resourceVersion": snap.rv.to_string() }),
+        include,
+        now_secs(),
+    );
     Ok(Served::Response(json_response(&body)))
 }
 
@@ -460,31 +464,72 @@ async fn list_or_watch(
         Ok(snap) => snap,
         Err(reason) => return Ok(Served::Forward(reason)),
     };
-    let list_meta = json!({ "resourceVersion": snap.rv.to_string() });
-    let items: Vec<&Value> = snap
+    let items: Vec<Arc<Object>> = snap
         .objects
-        .iter()
-        .map(AsRef::as_ref)
+        .into_iter()
         .filter(|o| filter.matches(o))
         .collect();
-    let body = match table {
-        Some(v) => table::to_table(
-            v,
-            &resource.group,
-            &resource.resource,
-            &items,
-            list_meta,
-            include,
-            now_secs(),
-        ),
-        None => json!({
-            "kind": format!("{}List", resource.kind),
-            "apiVersion": resource.api_version(),
-            "metadata": list_meta,
-            "items": items,
-        }),
+    let Some(v) = table else {
+        let head = object::list_head(
+            &format!("{}List", resource.kind),
+            &resource.api_version(),
+            snap.rv,
+        );
+        return Ok(Served::Response(list_response(head, items)));
     };
+    let values: Vec<Value> = items.iter().map(|o| o.to_value()).collect();
+    let body = table::to_table(
+        v,
+        &resource.group,
+        &resource.resource,
+        &values.iter().collect::<Vec<_>>(),
+        json!({ "resourceVersion": snap.rv.to_string() }),
+        include,
+        now_secs(),
+    );
     Ok(Served::Response(json_response(&body)))
+}
+
+/// How many bytes of items a list writes at a time.
+const LIST_CHUNK: usize = 64 << 10;
+
+/// A list's body, written as it is produced: the head, the items' own bytes in chunks of
+/// [`LIST_CHUNK`], the tail. Nothing is built whole: a list of 100,000 objects costs its
+/// snapshot (a pointer per object) and one chunk, not a second copy of every object. The
+/// length is known up front, so the response carries `Content-Length` as the API
+/// server's does.
+fn list_response(head: Bytes, items: Vec<Arc<Object>>) -> HttpResponse {
+    let commas = items.len().saturating_sub(1);
+    let len = head.len()
+        + items.iter().map(|o| o.json().len()).sum::<usize>()
+        + commas
+        + object::LIST_TAIL.len();
+    struct St {
+        head: Option<Bytes>,
+        items: std::vec::IntoIter<Arc<Object>>,
+        writer: Option<object::ListWriter>,
+    }
+    let st = St {
+        head: Some(head),
+        items: items.into_iter(),
+        writer: Some(object::ListWriter::new(LIST_CHUNK)),
+    };
+    let stream = futures::stream::unfold(st, |mut st| async move {
+        if let Some(head) = st.head.take() {
+            return Some((Ok::<_, std::convert::Infallible>(head), st));
+        }
+        let writer = st.writer.as_mut()?;
+        for o in st.items.by_ref() {
+            if let Some(chunk) = writer.push(o.json()) {
+                return Some((Ok(chunk), st));
+            }
+        }
+        let last = st.writer.take()?.finish();
+        Some((Ok(last), st))
+    });
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(actix_web::body::SizedStream::new(len as u64, stream))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -521,21 +566,17 @@ async fn watch(
         None => Encoder::Json,
         Some(version) => {
             let resource = key.resource.clone();
-            Encoder::Custom(Arc::new(move |kind: EventType, obj: &Value| -> Bytes {
-                let rv = obj
-                    .pointer("/metadata/resourceVersion")
-                    .cloned()
-                    .unwrap_or(Value::Null);
+            Encoder::Custom(Arc::new(move |kind: EventType, obj: &Object| -> Bytes {
                 let t = table::to_table(
                     version,
                     &resource.group,
                     &resource.resource,
-                    &[obj],
-                    json!({ "resourceVersion": rv }),
+                    &[&obj.to_value()],
+                    json!({ "resourceVersion": obj.rv().to_string() }),
                     include,
                     now_secs(),
                 );
-                encode_line(kind.as_str(), &t)
+                encode_value_line(kind.as_str(), &t)
             }))
         }
     };

@@ -13,10 +13,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde_json::Value;
 use thiserror::Error;
 
-use crate::core::event::{object_key, object_uid, StoreEvent};
+use crate::core::event::StoreEvent;
+use crate::core::object::Object;
 use crate::core::filter::EventType;
 use crate::core::store::Store;
 
@@ -32,8 +32,8 @@ pub enum Error {
 /// `from`, and the events after it up to the key's list RV, in order.
 #[derive(Debug, Default)]
 pub struct Replay {
-    pub at_from: Vec<Value>,
-    pub events: Vec<(EventType, Value, u64)>,
+    pub at_from: Vec<Object>,
+    pub events: Vec<(EventType, Object, u64)>,
 }
 
 /// One event to put in front of the window, with the object it replaced.
@@ -41,14 +41,14 @@ pub struct Replay {
 pub struct Backfilled {
     pub kind: EventType,
     pub rv: u64,
-    pub object: Arc<Value>,
-    pub prev: Option<Arc<Value>>,
+    pub object: Arc<Object>,
+    pub prev: Option<Arc<Object>>,
 }
 
 type Versions = BTreeMap<String, (String, u64)>;
 
-fn version(o: &Value) -> (String, u64) {
-    (object_uid(o).to_string(), crate::core::event::object_rv(o))
+fn version(o: &Object) -> (String, u64) {
+    (o.uid().to_string(), o.rv())
 }
 
 /// The key's state at its window's list RV, as versions: the store with the window's
@@ -60,7 +60,7 @@ fn state_at_list<'a>(
 ) -> Versions {
     let mut at: Versions = store.iter().map(|(k, o)| (k.clone(), version(o))).collect();
     for ev in window.rev() {
-        let key = object_key(&ev.object);
+        let key = ev.object.key();
         match &ev.prev {
             Some(prev) => at.insert(key, version(prev)),
             None => at.remove(&key),
@@ -79,10 +79,10 @@ pub fn events_since<'a>(
     from: u64,
     replay: Replay,
 ) -> Result<Vec<Backfilled>, Error> {
-    let mut state: BTreeMap<String, Arc<Value>> = replay
+    let mut state: BTreeMap<String, Arc<Object>> = replay
         .at_from
         .into_iter()
-        .map(|o| (object_key(&o), Arc::new(o)))
+        .map(|o| (o.key(), Arc::new(o)))
         .collect();
     let mut out = Vec::new();
     for (kind, object, rv) in replay.events {
@@ -90,7 +90,7 @@ pub fn events_since<'a>(
             continue;
         }
         let object = Arc::new(object);
-        let key = object_key(&object);
+        let key = object.key();
         let prev = match kind {
             EventType::Deleted => state.remove(&key),
             EventType::Added | EventType::Modified => state.insert(key, object.clone()),
@@ -126,17 +126,13 @@ mod tests {
     use super::*;
     use crate::core::store::fixtures::{obj, store};
 
-    fn ev(seq: u64, rv: u64, kind: EventType, o: Value, prev: Option<Value>) -> StoreEvent {
+    fn ev(seq: u64, rv: u64, kind: EventType, o: Object, prev: Option<Object>) -> StoreEvent {
         StoreEvent::new(seq, rv, kind, Arc::new(o), prev.map(Arc::new))
     }
     fn summary(b: &[Backfilled]) -> Vec<(EventType, u64, Option<u64>)> {
         b.iter()
             .map(|b| {
-                (
-                    b.kind,
-                    b.rv,
-                    b.prev.as_ref().map(|p| crate::core::event::object_rv(p)),
-                )
+(b.kind, b.rv, b.prev.as_ref().map(|p| p.rv()))
             })
             .collect()
     }

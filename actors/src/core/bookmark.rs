@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use serde_json::json;
 
-use crate::core::event::encode_line;
+use crate::core::event::encode_value_line;
 use crate::core::key::ResourceType;
 
 /// How long before a watch's deadline its last bookmark is due.
@@ -80,7 +80,7 @@ pub fn bookmark_line(resource: &ResourceType, rv: u64, initial_events_end: bool)
         "apiVersion": resource.api_version(),
         "metadata": metadata,
     });
-    encode_line("BOOKMARK", &object)
+    encode_value_line("BOOKMARK", &object)
 }
 
 #[cfg(test)]

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use serde_json::Value;
 
 pub use crate::core::filter::EventType;
+use crate::core::object::{Object, ADDED_PREFIX, DELETED_PREFIX, MODIFIED_PREFIX};
 
 /// The `seq` of events a young key learned of after its list, from the upstream's replay
 /// (`core::backfill`): they precede every numbered event, sit at the window's front, and
@@ -22,10 +22,10 @@ pub struct StoreEvent {
     pub rv: u64,
     pub kind: EventType,
     /// The object after the change (for DELETED: the object as deleted).
-    pub object: Arc<Value>,
+    pub object: Arc<Object>,
     /// The object before the change; `None` for a creation.
-    pub prev: Option<Arc<Value>>,
-    /// `{"type":…,"object":…}\n`, encoded once for all watchers that send `kind` unchanged.
+    pub prev: Option<Arc<Object>>,
+    /// `{"type":…,"object":…}\n`, framed once for all watchers that send `kind` unchanged.
     pub line: Bytes,
     /// When this replica made the event (from the upstream watch, a relist or NATS): the
     /// start of `kcache_watch_event_delivery_seconds`.
@@ -33,14 +33,15 @@ pub struct StoreEvent {
 }
 
 impl StoreEvent {
+    /// An event of an object already shared (stored, or another event's).
     pub fn new(
         seq: u64,
         rv: u64,
         kind: EventType,
-        object: Arc<Value>,
-        prev: Option<Arc<Value>>,
+        object: Arc<Object>,
+        prev: Option<Arc<Object>>,
     ) -> Self {
-        let line = encode_line(kind.as_str(), &object);
+        let line = encode_line(kind, &object);
         StoreEvent {
             seq,
             rv,
@@ -51,11 +52,47 @@ impl StoreEvent {
             made: Instant::now(),
         }
     }
+
+    /// An event of a new object: its bytes move into the event's line, so the line and
+    /// the object (in the window, and in the store when it stays) are one allocation.
+    pub fn of_new(
+        seq: u64,
+        rv: u64,
+        kind: EventType,
+        mut object: Object,
+        prev: Option<Arc<Object>>,
+    ) -> Self {
+        let line = encode_line(kind, &object);
+        object.share_line(&line, prefix(kind).len());
+        StoreEvent {
+            seq,
+            rv,
+            kind,
+            object: Arc::new(object),
+            prev,
+            line,
+            made: Instant::now(),
+        }
+    }
 }
 
-/// Encodes one watch-stream line: `{"type":T,"object":O}` and a newline, as the API
-/// server's JSON watch encoder frames events.
-pub fn encode_line(kind: &str, object: &Value) -> Bytes {
+fn prefix(kind: EventType) -> &'static [u8] {
+    match kind {
+        EventType::Added => ADDED_PREFIX,
+        EventType::Modified => MODIFIED_PREFIX,
+        EventType::Deleted => DELETED_PREFIX,
+    }
+}
+
+/// One watch-stream line, `{"type":T,"object":O}` and a newline, as the API server's JSON
+/// watch encoder frames events: the object's bytes between a prebuilt prefix and suffix.
+pub fn encode_line(kind: EventType, object: &Object) -> Bytes {
+    object.line(prefix(kind))
+}
+
+/// A watch line of an object kcache makes itself (a BOOKMARK, an ERROR's `Status`, a
+/// `Table` row): `{"type":T,"object":O}` and a newline.
+pub fn encode_value_line(kind: &str, object: &serde_json::Value) -> Bytes {
     let mut out = Vec::with_capacity(128);
     out.extend_from_slice(b"{\"type\":\"");
     out.extend_from_slice(kind.as_bytes());
@@ -67,76 +104,22 @@ pub fn encode_line(kind: &str, object: &Value) -> Bytes {
     Bytes::from(out)
 }
 
-/// The resourceVersion of an object (`metadata.resourceVersion`) as a number; 0 when missing
-/// or not a number (the API server's RVs are etcd revisions, decimal integers).
-pub fn object_rv(obj: &Value) -> u64 {
-    obj.pointer("/metadata/resourceVersion")
-        .and_then(Value::as_str)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
-}
-
-/// `metadata.uid`, or "" when missing.
-pub fn object_uid(obj: &Value) -> &str {
-    obj.pointer("/metadata/uid")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-}
-
-/// `namespace/name` (or `name` for cluster-scoped objects): the store key, as client-go's
-/// `MetaNamespaceKeyFunc`.
-pub fn object_key(obj: &Value) -> String {
-    let name = obj
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    match obj.pointer("/metadata/namespace").and_then(Value::as_str) {
-        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
-        _ => name.to_string(),
-    }
-}
-
-/// A copy of `obj` with `metadata.resourceVersion` set to `rv`, as the cacheWatcher does
-/// for a DELETED it synthesises when an object leaves a watcher's filter.
-pub fn with_rv(obj: &Value, rv: u64) -> Value {
-    let mut copy = obj.clone();
-    if let Some(meta) = copy.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
-    }
-    copy
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::object::Schema;
     use serde_json::json;
 
     #[test]
-    fn line_is_one_json_document_and_a_newline() {
-        let line = encode_line("ADDED", &json!({"metadata": {"name": "a"}}));
+    fn line_is_the_object_framed_and_shared() {
+        let o = Object::from_value(Schema::Generic, &json!({"metadata": {"name": "a"}})).unwrap();
+        let line = encode_line(EventType::Added, &o);
         assert_eq!(
             &line[..],
             b"{\"type\":\"ADDED\",\"object\":{\"metadata\":{\"name\":\"a\"}}}\n"
         );
-    }
-
-    #[test]
-    fn object_accessors_tolerate_missing_fields() {
-        let o = json!({"metadata": {"name": "a", "namespace": "n", "resourceVersion": "42", "uid": "u"}});
-        assert_eq!(object_rv(&o), 42);
-        assert_eq!(object_uid(&o), "u");
-        assert_eq!(object_key(&o), "n/a");
-        let bare = json!({"metadata": {"name": "ns1", "resourceVersion": "x"}});
-        assert_eq!(object_rv(&bare), 0);
-        assert_eq!(object_key(&bare), "ns1");
-        assert_eq!(object_rv(&json!(null)), 0);
-    }
-
-    #[test]
-    fn with_rv_rewrites_only_the_resource_version() {
-        let o = json!({"metadata": {"name": "a", "resourceVersion": "1"}, "data": {"k": "v"}});
-        let c = with_rv(&o, 9);
-        assert_eq!(c["metadata"]["resourceVersion"], "9");
-        assert_eq!(c["data"], o["data"]);
+        let ev = StoreEvent::of_new(1, 1, EventType::Modified, o, None);
+        assert!(ev.line.starts_with(MODIFIED_PREFIX));
+        assert_eq!(ev.object.json().as_ptr(), ev.line[MODIFIED_PREFIX.len()..].as_ptr());
     }
 }

@@ -1,9 +1,9 @@
 //! A watcher's filter and the event type it sends, as the API server's cacheWatcher
 //! derives it (`convertToWatchEvent`) from whether the old and new objects pass.
 
-use serde_json::Value;
 use thiserror::Error;
 
+use crate::core::object::Object;
 use crate::core::selector::{self, FieldSelector, LabelSelector};
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -76,14 +76,13 @@ impl Filter {
         self.label.is_empty() && self.field.is_empty()
     }
 
-    /// Whether `obj` passes; its labels are `metadata.labels`.
-    pub fn matches(&self, obj: &Value) -> bool {
-        // Most watchers select everything: skip the JSON lookups for them.
+    /// Whether `obj` passes, read from its header.
+    pub fn matches(&self, obj: &Object) -> bool {
+        // Most watchers select everything: skip the lookups for them.
         if self.is_everything() {
             return true;
         }
-        let labels = obj.pointer("/metadata/labels").and_then(Value::as_object);
-        self.label.matches(labels) && self.field.matches(obj)
+        self.label.matches(obj) && self.field.matches(obj)
     }
 }
 
@@ -113,8 +112,8 @@ pub enum Conversion {
 pub fn convert(
     filter: &Filter,
     kind: EventType,
-    new: &Value,
-    prev: Option<&Value>,
+    new: &Object,
+    prev: Option<&Object>,
 ) -> Option<Conversion> {
     let deleted = kind == EventType::Deleted;
     let passes_now = !deleted && filter.matches(new);
@@ -142,14 +141,19 @@ pub fn convert(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::core::object::Schema;
+    use serde_json::{json, Value};
     use EventType::{Added, Deleted, Modified};
 
-    fn obj(app: &str, node: &str) -> Value {
-        json!({
+    fn pod(v: Value) -> Object {
+        Object::from_value(Schema::Pod, &v).expect("valid pod")
+    }
+
+    fn obj(app: &str, node: &str) -> Object {
+        pod(json!({
             "metadata": {"name": "p", "namespace": "ns", "labels": {"app": app}},
             "spec": {"nodeName": node}
-        })
+        }))
     }
 
     fn filter(label: &str, field: &str) -> Filter {
@@ -177,10 +181,9 @@ mod tests {
 
     #[test]
     fn filters_match_labels_and_fields() {
-        let unlabelled = json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n1"}});
-        let cases: Vec<(&str, &str, Value, bool)> = vec![
-            ("", "", json!({}), true),
-            ("", "", json!(null), true),
+        let unlabelled = pod(json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n1"}}));
+        let cases: Vec<(&str, &str, Object, bool)> = vec![
+            ("", "", pod(json!({})), true),
             ("app=web", "", obj("web", "n1"), true),
             ("app=web", "", obj("db", "n1"), false),
             ("app!=web", "", unlabelled.clone(), true),
@@ -194,14 +197,12 @@ mod tests {
             ("app=web", "metadata.name=p", obj("web", "n1"), true),
             ("app=web", "metadata.name=q", obj("web", "n1"), false),
             ("app", "spec.nodeName=n1", unlabelled, false),
-            // labels that are not an object are no labels
-            ("!app", "", json!({"metadata": {"labels": "app=web"}}), true),
         ];
         for (label, field, o, want) in cases {
             assert_eq!(
                 filter(label, field).matches(&o),
                 want,
-                "{label:?} {field:?} on {o}"
+                "{label:?} {field:?} on {o:?}"
             );
         }
     }
@@ -248,8 +249,8 @@ mod tests {
         type Case<'a> = (
             &'a Filter,
             EventType,
-            Value,
-            Option<Value>,
+            Object,
+            Option<Object>,
             Option<Conversion>,
         );
         let cases: Vec<Case> = vec![
@@ -362,7 +363,7 @@ mod tests {
             assert_eq!(
                 convert(f, kind, &new, prev.as_ref()),
                 want,
-                "{kind:?} new={new} prev={prev:?} filter={f:?}"
+                "{kind:?} new={new:?} prev={prev:?} filter={f:?}"
             );
         }
     }

@@ -12,10 +12,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde_json::Value;
-
-use crate::core::event::{object_key, object_rv, object_uid, with_rv};
 use crate::core::filter::EventType;
+use crate::core::object::Object;
 use crate::core::store::Store;
 
 /// One synthetic change to apply to the store and send to watchers.
@@ -23,14 +21,14 @@ use crate::core::store::Store;
 pub struct Change {
     pub kind: EventType,
     pub rv: u64,
-    pub object: Arc<Value>,
-    pub prev: Option<Arc<Value>>,
+    pub object: Arc<Object>,
+    pub prev: Option<Arc<Object>>,
 }
 
-pub fn diff(store: &Store, listed: Vec<Value>, list_rv: u64) -> Vec<Change> {
-    let mut fresh: BTreeMap<String, Arc<Value>> = listed
+pub fn diff(store: &Store, listed: Vec<Object>, list_rv: u64) -> Vec<Change> {
+    let mut fresh: BTreeMap<String, Arc<Object>> = listed
         .into_iter()
-        .map(|o| (object_key(&o), Arc::new(o)))
+        .map(|o| (o.key(), Arc::new(o)))
         .collect();
     let mut changes = Vec::new();
     let mut deletions = Vec::new();
@@ -39,16 +37,16 @@ pub fn diff(store: &Store, listed: Vec<Value>, list_rv: u64) -> Vec<Change> {
             None => deletions.push(Change {
                 kind: EventType::Deleted,
                 rv: list_rv,
-                object: Arc::new(with_rv(old, list_rv)),
+                object: Arc::new(old.with_rv(list_rv)),
                 prev: Some(old.clone()),
             }),
-            Some(new) if object_uid(&new) != object_uid(old) => {
-                let rv = object_rv(&new);
-                let deleted_at = rv.saturating_sub(1).max(object_rv(old));
+            Some(new) if new.uid() != old.uid() => {
+                let rv = new.rv();
+                let deleted_at = rv.saturating_sub(1).max(old.rv());
                 changes.push(Change {
                     kind: EventType::Deleted,
                     rv: deleted_at,
-                    object: Arc::new(with_rv(old, deleted_at)),
+                    object: Arc::new(old.with_rv(deleted_at)),
                     prev: Some(old.clone()),
                 });
                 changes.push(Change {
@@ -58,9 +56,9 @@ pub fn diff(store: &Store, listed: Vec<Value>, list_rv: u64) -> Vec<Change> {
                     prev: None,
                 });
             }
-            Some(new) if object_rv(&new) != object_rv(old) => changes.push(Change {
+            Some(new) if new.rv() != old.rv() => changes.push(Change {
                 kind: EventType::Modified,
-                rv: object_rv(&new),
+                rv: new.rv(),
                 object: new,
                 prev: Some(old.clone()),
             }),
@@ -70,7 +68,7 @@ pub fn diff(store: &Store, listed: Vec<Value>, list_rv: u64) -> Vec<Change> {
     for (_, new) in fresh {
         changes.push(Change {
             kind: EventType::Added,
-            rv: object_rv(&new),
+            rv: new.rv(),
             object: new,
             prev: None,
         });
@@ -89,14 +87,7 @@ mod tests {
     fn summary(c: &[Change]) -> Vec<(EventType, String, u64)> {
         c.iter()
             .map(|c| {
-                (
-                    c.kind,
-                    c.object["metadata"]["name"]
-                        .as_str()
-                        .unwrap_or("")
-                        .to_string(),
-                    c.rv,
-                )
+(c.kind, c.object.name().to_string(), c.rv)
             })
             .collect()
     }
@@ -135,10 +126,11 @@ mod tests {
             ]
         );
         // A synthetic DELETED carries the RV it is sent at, and the old object's UID.
-        assert_eq!(got[0].object["metadata"]["resourceVersion"], "19");
-        assert_eq!(got[0].object["metadata"]["uid"], "3");
-        assert_eq!(got[4].object["metadata"]["resourceVersion"], "40");
-        assert_eq!(got[3].prev.as_ref().map(|p| object_rv(p)), Some(6));
+        assert_eq!(got[0].object.to_value()["metadata"]["resourceVersion"], "19");
+        assert_eq!(got[0].object.rv(), 19);
+        assert_eq!(got[0].object.uid(), "3");
+        assert_eq!(got[4].object.rv(), 40);
+        assert_eq!(got[3].prev.as_ref().map(|p| p.rv()), Some(6));
     }
 
     #[test]

@@ -3,8 +3,9 @@
 
 use std::collections::BTreeSet;
 
-use serde_json::{Map, Value};
 use thiserror::Error;
+
+use crate::core::object::Object;
 
 /// The most requirements one selector may carry. The API server has no limit, but every
 /// watcher evaluates its selector on every event of its key, so a hostile selector must
@@ -133,13 +134,9 @@ impl LabelSelector {
         self.reqs.is_empty()
     }
 
-    /// `labels` is the object's `metadata.labels` (`None` when it has none). A label whose
-    /// value is not a string counts as absent: no valid object carries one.
-    pub fn matches(&self, labels: Option<&Map<String, Value>>) -> bool {
-        self.reqs.iter().all(|r| {
-            let value = labels.and_then(|l| l.get(&r.key)).and_then(Value::as_str);
-            r.matches(value)
-        })
+    /// Whether the object's `metadata.labels` satisfy every requirement.
+    pub fn matches(&self, obj: &Object) -> bool {
+        self.reqs.iter().all(|r| r.matches(obj.label(&r.key)))
     }
 }
 
@@ -621,39 +618,6 @@ fn unescape(value: &str) -> Result<String> {
     Ok(out)
 }
 
-/// The value of `field` in `obj`, or "" when the object lacks it: the API server compares
-/// against field sets that hold "" for every unset field. Labels outside the supported
-/// set read as "" too (validation refuses them before any evaluation).
-pub fn field_value<'a>(obj: &'a Value, field: &str) -> &'a str {
-    let at = |pointer: &str| obj.pointer(pointer).and_then(Value::as_str);
-    let or_empty = |v: Option<&'a str>| v.unwrap_or("");
-    match field {
-        "metadata.name" => or_empty(at("/metadata/name")),
-        "metadata.namespace" => or_empty(at("/metadata/namespace")),
-        "spec.nodeName" => or_empty(at("/spec/nodeName")),
-        "spec.restartPolicy" => or_empty(at("/spec/restartPolicy")),
-        "spec.schedulerName" => or_empty(at("/spec/schedulerName")),
-        // The API server reads the internal pod, whose conversion falls back to the
-        // deprecated `serviceAccount` when `serviceAccountName` is unset.
-        "spec.serviceAccountName" => or_empty(
-            at("/spec/serviceAccountName")
-                .filter(|v| !v.is_empty())
-                .or_else(|| at("/spec/serviceAccount")),
-        ),
-        "status.phase" => or_empty(at("/status/phase")),
-        // Likewise the internal pod keeps only `podIPs`, whose first entry is `podIP`
-        // when that is set and `podIPs[0].ip` otherwise.
-        "status.podIP" => or_empty(
-            at("/status/podIP")
-                .filter(|v| !v.is_empty())
-                .or_else(|| at("/status/podIPs/0/ip")),
-        ),
-        "status.nominatedNodeName" => or_empty(at("/status/nominatedNodeName")),
-        "type" => or_empty(at("/type")),
-        _ => "",
-    }
-}
-
 /// What kcache does with one field label of a resource, as kube-apiserver 1.20 treats it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LabelSupport {
@@ -775,9 +739,11 @@ impl FieldSelector {
             .all(|r| support(&r) == LabelSupport::Served))
     }
 
-    pub fn matches(&self, obj: &Value) -> bool {
+    /// Whether the object's field values (`Object::field`: "" when unset, as the API
+    /// server's field sets) satisfy every requirement.
+    pub fn matches(&self, obj: &Object) -> bool {
         self.reqs.iter().all(|r| {
-            let have = field_value(obj, &r.field);
+            let have = obj.field(&r.field);
             match r.op {
                 FieldOp::Eq => have == r.value,
                 FieldOp::NotEq => have != r.value,
@@ -818,13 +784,17 @@ mod tests {
     }
 
     use super::*;
-    use serde_json::json;
+    use crate::core::object::Schema;
+    use serde_json::{json, Value};
 
-    fn object(v: Value) -> Map<String, Value> {
-        match v {
-            Value::Object(m) => m,
-            _ => Map::new(),
-        }
+    /// An object with these `metadata.labels`.
+    fn labelled(labels: Value) -> Object {
+        Object::from_value(Schema::Generic, &json!({"metadata": {"name": "o", "labels": labels}}))
+            .expect("valid object")
+    }
+
+    fn as_object(schema: Schema, v: &Value) -> Object {
+        Object::from_value(schema, v).expect("valid object")
     }
 
     fn variant(e: &Error) -> &'static str {
@@ -842,7 +812,7 @@ mod tests {
 
     #[test]
     fn label_selectors_match_as_upstream() {
-        let labels = object(json!({
+        let labels = labelled(json!({
             "app": "web", "tier": "front", "n": "5", "neg": "-3", "empty": "",
             "example.com/team": "a", "text": "five"
         }));
@@ -919,7 +889,7 @@ mod tests {
         ];
         for &(sel, want) in cases {
             let s = LabelSelector::parse(sel).unwrap_or_else(|e| panic!("{sel:?}: {e}"));
-            assert_eq!(s.matches(Some(&labels)), want, "{sel:?}");
+            assert_eq!(s.matches(&labels), want, "{sel:?}");
         }
     }
 
@@ -938,20 +908,15 @@ mod tests {
             ("app<1", false),
             ("!a,!b,c!=d,e notin (f)", true),
         ];
-        let no_labels = Map::new();
+        let none = as_object(Schema::Generic, &json!({"metadata": {"name": "o"}}));
+        let null = labelled(Value::Null);
+        let empty = labelled(json!({}));
         for &(sel, want) in cases {
             let s = LabelSelector::parse(sel).unwrap_or_else(|e| panic!("{sel:?}: {e}"));
-            assert_eq!(s.matches(None), want, "{sel:?} on None");
-            assert_eq!(s.matches(Some(&no_labels)), want, "{sel:?} on {{}}");
+            for (o, what) in [(&none, "none"), (&null, "null"), (&empty, "{}")] {
+                assert_eq!(s.matches(o), want, "{sel:?} on {what}");
+            }
         }
-        // A label that is not a string is no label.
-        let odd = object(json!({"app": 5}));
-        assert!(!LabelSelector::parse("app")
-            .expect("parse")
-            .matches(Some(&odd)));
-        assert!(LabelSelector::parse("app!=5")
-            .expect("parse")
-            .matches(Some(&odd)));
     }
 
     #[test]
@@ -1327,72 +1292,31 @@ mod tests {
         }
     }
 
-    fn pod() -> Value {
-        json!({
+    fn pod() -> Object {
+        as_object(Schema::Pod, &json!({
             "metadata": {"name": "p", "namespace": "ns"},
             "spec": {"nodeName": "n1", "restartPolicy": "Always", "schedulerName": "default-scheduler",
                      "serviceAccountName": "sa"},
             "status": {"phase": "Running", "podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}],
                        "nominatedNodeName": "n2"}
-        })
-    }
-
-    #[test]
-    fn field_values_read_the_api_servers_field_sets() {
-        let secret =
-            json!({"metadata": {"name": "s", "namespace": "ns"}, "type": "kubernetes.io/tls"});
-        let namespace = json!({"metadata": {"name": "ns"}, "status": {"phase": "Terminating"}});
-        let legacy_pod = json!({
-            "metadata": {"name": "old"},
-            "spec": {"serviceAccount": "legacy", "serviceAccountName": ""},
-            "status": {"podIPs": [{"ip": "fd00::1"}, {"ip": "10.0.0.9"}]}
-        });
-        let pod = pod();
-        let cases: Vec<(&Value, &str, &str)> = vec![
-            (&pod, "metadata.name", "p"),
-            (&pod, "metadata.namespace", "ns"),
-            (&pod, "spec.nodeName", "n1"),
-            (&pod, "spec.restartPolicy", "Always"),
-            (&pod, "spec.schedulerName", "default-scheduler"),
-            (&pod, "spec.serviceAccountName", "sa"),
-            (&pod, "status.phase", "Running"),
-            (&pod, "status.podIP", "10.0.0.1"),
-            (&pod, "status.nominatedNodeName", "n2"),
-            (&pod, "type", ""),
-            (&pod, "spec.host", ""),
-            (&pod, "metadata", ""),
-            (&legacy_pod, "spec.serviceAccountName", "legacy"),
-            (&legacy_pod, "status.podIP", "fd00::1"),
-            (&legacy_pod, "spec.nodeName", ""),
-            (&legacy_pod, "metadata.namespace", ""),
-            (&secret, "type", "kubernetes.io/tls"),
-            (&secret, "metadata.name", "s"),
-            (&secret, "status.phase", ""),
-            (&namespace, "status.phase", "Terminating"),
-            (&namespace, "metadata.namespace", ""),
-        ];
-        for (obj, field, want) in cases {
-            assert_eq!(field_value(obj, field), want, "{field} of {obj}");
-        }
-        let odd = [
-            json!(null),
-            json!([]),
-            json!("x"),
-            json!({"metadata": 5}),
-            json!({"type": 7}),
-        ];
-        for obj in &odd {
-            assert_eq!(field_value(obj, "metadata.name"), "", "{obj}");
-            assert_eq!(field_value(obj, "type"), "", "{obj}");
-        }
+        }))
     }
 
     #[test]
     fn field_selectors_match_pods_and_secrets() {
-        let unscheduled = json!({"metadata": {"name": "u", "namespace": "ns"}, "spec": {}, "status": {"phase": "Pending"}});
-        let opaque = json!({"metadata": {"name": "s1", "namespace": "ns"}, "type": "Opaque"});
-        let token = json!({"metadata": {"name": "s2", "namespace": "ns"}, "type": "kubernetes.io/service-account-token"});
-        let cases: Vec<(&str, Value, bool)> = vec![
+        let unscheduled = as_object(
+            Schema::Pod,
+            &json!({"metadata": {"name": "u", "namespace": "ns"}, "spec": {}, "status": {"phase": "Pending"}}),
+        );
+        let opaque = as_object(
+            Schema::Secret,
+            &json!({"metadata": {"name": "s1", "namespace": "ns"}, "type": "Opaque"}),
+        );
+        let token = as_object(
+            Schema::Secret,
+            &json!({"metadata": {"name": "s2", "namespace": "ns"}, "type": "kubernetes.io/service-account-token"}),
+        );
+        let cases: Vec<(&str, Object, bool)> = vec![
             ("", pod(), true),
             ("spec.nodeName=n1", pod(), true),
             ("spec.nodeName==n1", pod(), true),
@@ -1439,7 +1363,7 @@ mod tests {
         ];
         for (sel, obj, want) in cases {
             let s = FieldSelector::parse(sel).unwrap_or_else(|e| panic!("{sel:?}: {e}"));
-            assert_eq!(s.matches(&obj), want, "{sel:?} on {obj}");
+            assert_eq!(s.matches(&obj), want, "{sel:?} on {obj:?}");
         }
     }
 }

@@ -1,18 +1,17 @@
 //! A key's current state: objects by `namespace/name`, each kept once as shared JSON.
 //!
 //! As kube-rs's reflector store: one writer (the CachedObject), readers get cheap
-//! `Arc` snapshots. Objects are raw JSON so any `group/version/resource` can be cached.
+//! `Arc` snapshots. Objects are the upstream's JSON bytes (`core::object`), so any
+//! `group/version/resource` can be cached.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde_json::Value;
-
-use crate::core::event::object_key;
+use crate::core::object::Object;
 
 #[derive(Debug, Default)]
 pub struct Store {
-    objects: BTreeMap<String, Arc<Value>>,
+    objects: BTreeMap<String, Arc<Object>>,
 }
 
 impl Store {
@@ -28,26 +27,26 @@ impl Store {
         self.objects.is_empty()
     }
 
-    pub fn get(&self, key: &str) -> Option<&Arc<Value>> {
+    pub fn get(&self, key: &str) -> Option<&Arc<Object>> {
         self.objects.get(key)
     }
 
     /// Inserts or replaces an object; returns the previous version.
-    pub fn upsert(&mut self, obj: Arc<Value>) -> Option<Arc<Value>> {
-        self.objects.insert(object_key(&obj), obj)
+    pub fn upsert(&mut self, obj: Arc<Object>) -> Option<Arc<Object>> {
+        self.objects.insert(obj.key(), obj)
     }
 
     /// Removes an object; returns what was stored.
-    pub fn remove(&mut self, obj: &Value) -> Option<Arc<Value>> {
-        self.objects.remove(&object_key(obj))
+    pub fn remove(&mut self, obj: &Object) -> Option<Arc<Object>> {
+        self.objects.remove(&obj.key())
     }
 
     /// Every object, ordered by `namespace/name` (the order the API server lists in).
-    pub fn snapshot(&self) -> Vec<Arc<Value>> {
+    pub fn snapshot(&self) -> Vec<Arc<Object>> {
         self.objects.values().cloned().collect()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &Arc<Value>)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Arc<Object>)> {
         self.objects.iter()
     }
 }
@@ -56,14 +55,20 @@ impl Store {
 #[cfg(test)]
 pub(crate) mod fixtures {
     use super::*;
-    use serde_json::json;
+    use crate::core::object::Schema;
+    use serde_json::{json, Value};
 
-    /// `n/name` with a UID and a resourceVersion.
-    pub fn obj(name: &str, uid: &str, rv: u64) -> Value {
-        json!({"metadata": {"name": name, "namespace": "n", "uid": uid, "resourceVersion": rv.to_string()}})
+    /// An object from JSON, read as a resource without selectable fields.
+    pub fn o(v: Value) -> Object {
+        Object::from_value(Schema::Generic, &v).expect("fixture objects are valid")
     }
 
-    pub fn store(objs: &[Value]) -> Store {
+    /// `n/name` with a UID and a resourceVersion.
+    pub fn obj(name: &str, uid: &str, rv: u64) -> Object {
+        o(json!({"metadata": {"name": name, "namespace": "n", "uid": uid, "resourceVersion": rv.to_string()}}))
+    }
+
+    pub fn store(objs: &[Object]) -> Store {
         let mut s = Store::new();
         for o in objs {
             s.upsert(Arc::new(o.clone()));
@@ -74,39 +79,25 @@ pub(crate) mod fixtures {
 
 #[cfg(test)]
 mod tests {
+    use super::fixtures::o;
     use super::*;
     use serde_json::json;
 
     #[test]
     fn upsert_replace_remove() {
         let mut s = Store::new();
-        assert!(s
-            .upsert(Arc::new(
-                json!({"metadata": {"name": "b", "namespace": "n"}})
-            ))
-            .is_none());
-        assert!(s
-            .upsert(Arc::new(
-                json!({"metadata": {"name": "a", "namespace": "n"}})
-            ))
-            .is_none());
-        let prev = s.upsert(Arc::new(
-            json!({"metadata": {"name": "a", "namespace": "n", "resourceVersion": "2"}}),
-        ));
-        assert!(prev.is_some());
+        let named = |name: &str, rv: &str| {
+            o(json!({"metadata": {"name": name, "namespace": "n", "resourceVersion": rv}}))
+        };
+        assert!(s.upsert(Arc::new(named("b", "1"))).is_none());
+        assert!(s.upsert(Arc::new(named("a", "1"))).is_none());
+        let prev = s.upsert(Arc::new(named("a", "2")));
+        assert_eq!(prev.map(|p| p.rv()), Some(1));
         assert_eq!(s.len(), 2);
-        let names: Vec<_> = s
-            .snapshot()
-            .iter()
-            .map(|o| o["metadata"]["name"].clone())
-            .collect();
-        assert_eq!(names, vec![json!("a"), json!("b")]);
-        assert!(s
-            .remove(&json!({"metadata": {"name": "a", "namespace": "n"}}))
-            .is_some());
-        assert!(s
-            .remove(&json!({"metadata": {"name": "a", "namespace": "n"}}))
-            .is_none());
+        let names: Vec<_> = s.snapshot().iter().map(|o| o.name().to_string()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert!(s.remove(&named("a", "")).is_some());
+        assert!(s.remove(&named("a", "")).is_none());
         assert_eq!(s.len(), 1);
         assert!(s.get("n/b").is_some());
     }

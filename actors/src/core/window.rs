@@ -157,7 +157,7 @@ mod tests {
             seq,
             rv,
             EventType::Modified,
-            Arc::new(json!({"metadata": {"name": "a"}})),
+            Arc::new(crate::core::store::fixtures::o(json!({"metadata": {"name": "a"}}))),
             None,
         ))
     }
