@@ -1,9 +1,11 @@
 //! One key's cache: the store, the event window and its progress RV, fed by a source,
 //! serving reads and feeding watchers.
 //!
-//! The actor only holds state and passes messages: what to emit for a list or an event is
-//! decided in `core` (`relist::diff`, `window`, `rv`, `bookmark`). It is the only writer of
-//! its store, as kube-rs's reflector `Writer`.
+//! The actor only holds state and passes messages: whether a list initialises or relists,
+//! which events apply, which reads and watches are served, wait or fail, and when to probe
+//! is decided by `core::key_machine`; what to emit for a list or an event by `core`
+//! (`relist::diff`, `window`, `rv`, `bookmark`). It is the only writer of its store, as
+//! kube-rs's reflector `Writer`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -21,6 +23,7 @@ use crate::core::bookmark::{next_bookmark_time, BookmarkTimer};
 use crate::core::event::{StoreEvent, BACKFILLED_SEQ};
 use crate::core::filter::EventType;
 use crate::core::key::Key;
+use crate::core::key_machine::{self, Continue, Effect, Failure, Input, KeyMachine, WatchStart};
 use crate::core::object::Object;
 use crate::core::relist;
 use crate::core::rv::WatchPlan;
@@ -151,17 +154,10 @@ struct WatcherEntry {
     live: bool,
 }
 
+/// A read or watch waiting for the key to be fresh enough (`KeyMachine` decides when).
 enum Waiter {
     Read(oneshot::Sender<Result<Snapshot>>),
     Watch(Subscribe),
-}
-
-struct Pending {
-    min_rv: u64,
-    /// Give up at this time: not synced, or not fresh enough.
-    deadline: Instant,
-    started: Instant,
-    waiter: Waiter,
 }
 
 pub struct CachedObject {
@@ -172,16 +168,14 @@ pub struct CachedObject {
     status: Arc<KeyStatus>,
     store: Store,
     window: Window,
-    progress: u64,
-    synced: bool,
+    /// Synced, progress RV, waits and probes.
+    machine: KeyMachine,
     seq: u64,
     watchers: HashMap<u64, WatcherEntry>,
     bookmarks: BookmarkTimer<u64>,
-    pending: Vec<Pending>,
-    probe_in_flight: bool,
-    /// When the last probe was asked for: probes are client-triggered upstream lists, so
-    /// at most one per `probe_interval`.
-    last_probe: Option<Instant>,
+    /// The clients behind the machine's waits, by wait id.
+    waiting: HashMap<u64, Waiter>,
+    next_wait: u64,
     /// Watches from an RV older than this young key's window, waiting for a list at that
     /// RV to show whether the window may start there (`backfill`).
     backfill: Vec<(Subscribe, Instant)>,
@@ -203,6 +197,11 @@ impl CachedObject {
         status: Arc<KeyStatus>,
     ) -> Self {
         let window = Window::new(cfg.window_capacity);
+        let machine = KeyMachine::new(key_machine::Timing {
+            block_ms: cfg.block_timeout().as_millis() as u64,
+            sync_ms: cfg.sync_timeout().as_millis() as u64,
+            probe_interval_ms: cfg.probe_interval().as_millis() as u64,
+        });
         let labels = [
             ("group", key.resource.group.clone()),
             ("resource", key.resource.resource.clone()),
@@ -215,14 +214,12 @@ impl CachedObject {
             status,
             store: Store::new(),
             window,
-            progress: 0,
-            synced: false,
+            machine,
             seq: 0,
             watchers: HashMap::new(),
             bookmarks: BookmarkTimer::default(),
-            pending: Vec::new(),
-            probe_in_flight: false,
-            last_probe: None,
+            waiting: HashMap::new(),
+            next_wait: 0,
             backfill: Vec::new(),
             backfill_at: None,
             epoch: Instant::now(),
@@ -237,84 +234,131 @@ impl CachedObject {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    fn set_progress(&mut self, rv: u64) {
-        if rv > self.progress {
-            self.progress = rv;
-            self.status.progress.store(rv, Ordering::Relaxed);
+    fn progress(&self) -> u64 {
+        self.machine.progress()
+    }
+
+    /// Feeds the key machine and carries out what it decides; the effects about a list or
+    /// an event are the caller's (`on_listed`, `on_event`), passed in as `apply`.
+    fn step(&mut self, input: Input, mut apply: impl FnMut(&mut Self, Effect)) {
+        let effects = self.machine.apply(self.now_ms(), input);
+        self.status
+            .progress
+            .store(self.machine.progress(), Ordering::Relaxed);
+        for effect in effects {
+            match effect {
+                Effect::Progressed { .. } => {
+                    // Mirrors learn of progress without events from a heartbeat: send it now.
+                    self.last_heartbeat_ms = 0;
+                }
+                Effect::Serve { id, waited_ms } => {
+                    metrics::histogram!(m::READ_WAIT, &self.labels)
+                        .record(waited_ms as f64 / 1000.0);
+                    match self.waiting.remove(&id) {
+                        Some(Waiter::Read(tx)) => {
+                            let _ = tx.send(Ok(self.snapshot()));
+                        }
+                        Some(Waiter::Watch(sub)) => self.activate(sub),
+                        None => {}
+                    }
+                }
+                Effect::Fail { id, failure } => {
+                    let error = match failure {
+                        Failure::NotSynced => Error::NotSynced {
+                            key: self.key.to_string(),
+                        },
+                        Failure::TooLargeResourceVersion { requested, current } => {
+                            Error::TooLargeResourceVersion { requested, current }
+                        }
+                    };
+                    match self.waiting.remove(&id) {
+                        Some(Waiter::Read(tx)) => {
+                            let _ = tx.send(Err(error));
+                        }
+                        Some(Waiter::Watch(sub)) => sub.addr.do_send(watcher::Failed { error }),
+                        None => {}
+                    }
+                }
+                Effect::Probe => self.probe(),
+                Effect::Init { .. } | Effect::Relist { .. } | Effect::Ignore | Effect::Apply => {
+                    apply(self, effect)
+                }
+            }
         }
     }
 
     fn on_listed(&mut self, items: Vec<Object>, rv: u64) {
-        self.probe_in_flight = false;
-        if rv > self.progress {
-            // A probe's progress reaches mirrors by the next heartbeat: send it now.
-            self.last_heartbeat_ms = 0;
-        }
         let before_objects = self.store.len();
         let before_window = self.window.len();
-        if !self.synced {
-            for item in items {
-                self.store.upsert(Arc::new(item));
+        let mut items = Some(items);
+        self.step(Input::Listed { rv }, |this, effect| match effect {
+            Effect::Init { rv } => {
+                for item in items.take().into_iter().flatten() {
+                    this.store.upsert(Arc::new(item));
+                }
+                this.window.reset(rv);
+                this.status.synced.store(true, Ordering::Relaxed);
+                metrics::gauge!(m::SYNCED_KEYS).increment(1.0);
+                tracing::debug!(key = %this.key, rv, objects = this.store.len(), "key synced");
             }
-            self.window.reset(rv);
-            self.synced = true;
-            self.status.synced.store(true, Ordering::Relaxed);
-            metrics::gauge!(m::SYNCED_KEYS).increment(1.0);
-            self.progress = 0;
-            self.set_progress(rv);
-            tracing::debug!(key = %self.key, rv, objects = self.store.len(), "key synced");
-        } else if rv >= self.progress {
-            let changes = relist::diff(&self.store, items, rv);
-            if !changes.is_empty() {
-                // The key missed events. Their net effect enters the window as events at
-                // the objects' own RVs (deletions at the list's), as DeltaFIFO's Replace
-                // does: the window keeps its history, so watchers resuming from before the
-                // gap get the changes instead of a 410 — a client's read of a newer RV
-                // (a probe) must not be able to cut every other watcher's window.
-                tracing::info!(key = %self.key, rv, changes = changes.len(), "relist found changes; emitting synthetic events");
-                metrics::counter!(m::RELIST_EVENTS, &self.labels).increment(changes.len() as u64);
-                for c in changes {
-                    match c.kind {
-                        EventType::Deleted => {
-                            self.store.remove(&c.object);
-                        }
-                        EventType::Added | EventType::Modified => {
-                            self.store.upsert(c.object.clone());
-                        }
-                    }
-                    self.seq += 1;
-                    let ev = Arc::new(StoreEvent::new(self.seq, c.rv, c.kind, c.object, c.prev));
-                    self.window.push(ev.clone());
-                    self.dispatch(&ev);
+            Effect::Relist { rv } => {
+                let listed = items.take().unwrap_or_default();
+                this.relist(listed, rv);
+            }
+            _ => {}
+        });
+        self.account(before_objects, before_window);
+    }
+
+    /// The key missed events. Their net effect enters the window as events at the
+    /// objects' own RVs (deletions at the list's), as DeltaFIFO's Replace does: the window
+    /// keeps its history, so watchers resuming from before the gap get the changes
+    /// instead of a 410 — a client's read of a newer RV (a probe) must not be able to cut
+    /// every other watcher's window.
+    fn relist(&mut self, listed: Vec<Object>, rv: u64) {
+        let changes = relist::diff(&self.store, listed, rv);
+        if changes.is_empty() {
+            return;
+        }
+        tracing::info!(key = %self.key, rv, changes = changes.len(), "relist found changes; emitting synthetic events");
+        metrics::counter!(m::RELIST_EVENTS, &self.labels).increment(changes.len() as u64);
+        for c in changes {
+            match c.kind {
+                EventType::Deleted => {
+                    self.store.remove(&c.object);
+                }
+                EventType::Added | EventType::Modified => {
+                    self.store.upsert(c.object.clone());
                 }
             }
-            self.set_progress(rv);
+            self.seq += 1;
+            let ev = Arc::new(StoreEvent::new(self.seq, c.rv, c.kind, c.object, c.prev));
+            self.window.push(ev.clone());
+            self.dispatch(&ev);
         }
-        self.account(before_objects, before_window);
-        self.serve_pending();
     }
 
     fn on_event(&mut self, kind: EventType, object: Object, rv: u64) {
         metrics::counter!(m::EVENTS_RECEIVED, &self.labels).increment(1);
-        // A list (relist or probe) already reflected anything at or below the progress RV.
-        if !self.synced || rv <= self.progress {
-            return;
-        }
         let before_objects = self.store.len();
         let before_window = self.window.len();
-        self.seq += 1;
-        // The event's line and the stored object share one allocation.
-        let mut ev = StoreEvent::of_new(self.seq, rv, kind, object, None);
-        ev.prev = match kind {
-            EventType::Deleted => self.store.remove(&ev.object),
-            EventType::Added | EventType::Modified => self.store.upsert(ev.object.clone()),
-        };
-        let ev = Arc::new(ev);
-        self.window.push(ev.clone());
-        self.set_progress(rv);
-        self.dispatch(&ev);
+        let mut object = Some(object);
+        self.step(Input::Event { rv }, |this, effect| {
+            let (Effect::Apply, Some(object)) = (effect, object.take()) else {
+                return;
+            };
+            this.seq += 1;
+            // The event's line and the stored object share one allocation.
+            let mut ev = StoreEvent::of_new(this.seq, rv, kind, object, None);
+            ev.prev = match kind {
+                EventType::Deleted => this.store.remove(&ev.object),
+                EventType::Added | EventType::Modified => this.store.upsert(ev.object.clone()),
+            };
+            let ev = Arc::new(ev);
+            this.window.push(ev.clone());
+            this.dispatch(&ev);
+        });
         self.account(before_objects, before_window);
-        self.serve_pending();
     }
 
     fn account(&self, objects_before: usize, window_before: usize) {
@@ -362,7 +406,7 @@ impl CachedObject {
                 self.last_heartbeat_ms = now;
                 let _ = listener.try_send(Publish::Heartbeat {
                     seq: self.seq,
-                    rv: self.progress,
+                    rv: self.progress(),
                 });
             }
         }
@@ -381,72 +425,17 @@ impl CachedObject {
         }
     }
 
-    fn serve_pending(&mut self) {
-        if self.pending.is_empty() {
-            return;
-        }
-        let now = Instant::now();
-        let pending = std::mem::take(&mut self.pending);
-        let mut wants_probe = false;
-        for p in pending {
-            if self.synced && self.progress >= p.min_rv {
-                metrics::histogram!(m::READ_WAIT, &self.labels)
-                    .record(p.started.elapsed().as_secs_f64());
-                match p.waiter {
-                    Waiter::Read(tx) => {
-                        let _ = tx.send(Ok(self.snapshot()));
-                    }
-                    Waiter::Watch(sub) => self.activate(sub),
-                }
-            } else if now >= p.deadline {
-                let err = if self.synced {
-                    Error::TooLargeResourceVersion {
-                        requested: p.min_rv,
-                        current: self.progress,
-                    }
-                } else {
-                    Error::NotSynced {
-                        key: self.key.to_string(),
-                    }
-                };
-                match p.waiter {
-                    Waiter::Read(tx) => {
-                        let _ = tx.send(Err(err));
-                    }
-                    Waiter::Watch(sub) => sub.addr.do_send(watcher::Failed { error: err }),
-                }
-            } else {
-                let mut p = p;
-                if self.synced {
-                    // A read that waited for the first sync now waits only as long as
-                    // any read of a future RV (the API server's 3 s), not the sync's.
-                    p.deadline = p.deadline.min(now + self.cfg.block_timeout());
-                }
-                wants_probe |= self.synced;
-                self.pending.push(p);
-            }
-        }
-        if wants_probe {
-            self.probe();
-        }
-    }
-
-    /// Ask the source to establish progress with a consistent list: a 1.20 upstream sends
-    /// bookmarks only shortly before a watch's timeout, so a quiet key's progress lags.
+    /// Asks the source to establish progress with a consistent list (the machine decided
+    /// one is due).
     fn probe(&mut self) {
-        let now = Instant::now();
-        let recent = self
-            .last_probe
-            .is_some_and(|t| now.duration_since(t) < self.cfg.probe_interval());
-        if self.probe_in_flight || recent {
-            return;
-        }
-        if let Some(src) = &self.source {
-            if src.commands.try_send(SourceCmd::Probe).is_ok() {
-                self.probe_in_flight = true;
-                self.last_probe = Some(now);
-                metrics::counter!(m::PROBES, &self.labels).increment(1);
-            }
+        let sent = self
+            .source
+            .as_ref()
+            .is_some_and(|src| src.commands.try_send(SourceCmd::Probe).is_ok());
+        if sent {
+            metrics::counter!(m::PROBES, &self.labels).increment(1);
+        } else {
+            self.step(Input::ProbeRefused, |_, _| {});
         }
     }
 
@@ -565,26 +554,16 @@ impl CachedObject {
     fn snapshot(&self) -> Snapshot {
         Snapshot {
             objects: self.store.snapshot(),
-            rv: self.progress,
+            rv: self.progress(),
         }
     }
 
+    /// Parks a read or watch until the machine serves or fails it.
     fn wait(&mut self, min_rv: u64, waiter: Waiter) {
-        let now = Instant::now();
-        let timeout = if self.synced {
-            self.cfg.block_timeout()
-        } else {
-            self.cfg.sync_timeout()
-        };
-        self.pending.push(Pending {
-            min_rv,
-            deadline: now + timeout,
-            started: now,
-            waiter,
-        });
-        if self.synced {
-            self.probe();
-        }
+        self.next_wait += 1;
+        let id = self.next_wait;
+        self.waiting.insert(id, waiter);
+        self.step(Input::Wait { id, min_rv }, |_, _| {});
     }
 
     fn activate(&mut self, sub: Subscribe) {
@@ -592,36 +571,49 @@ impl CachedObject {
     }
 
     fn activate_with(&mut self, sub: Subscribe, may_backfill: bool) {
-        let start = if sub.plan.initial_events {
-            watcher::Start {
+        let from = sub.plan.from_rv;
+        let window = if sub.plan.initial_events {
+            Ok(Vec::new())
+        } else {
+            self.window.since(from)
+        };
+        let decision = key_machine::watch_start(
+            sub.plan.initial_events,
+            window
+                .as_ref()
+                .map(|_| ())
+                .map_err(|window::Error::Expired { oldest, .. }| *oldest),
+            may_backfill && requested_backfillable(&self.window, from),
+        );
+        let start = match (decision, window) {
+            (WatchStart::Initial, _) => watcher::Start {
                 initial: self.store.snapshot(),
-                initial_rv: self.progress,
+                initial_rv: self.progress(),
                 end_bookmark: sub.plan.initial_events_end_bookmark,
                 replay: Vec::new(),
-                floor: sub.plan.from_rv,
+                floor: from,
                 start_seq: self.seq,
+            },
+            (WatchStart::Replay, Ok(replay)) => watcher::Start {
+                initial: Vec::new(),
+                initial_rv: self.progress(),
+                end_bookmark: false,
+                replay,
+                floor: from,
+                start_seq: self.seq,
+            },
+            (WatchStart::Backfill, _) => {
+                self.backfill(sub);
+                return;
             }
-        } else {
-            match self.window.since(sub.plan.from_rv) {
-                Ok(replay) => watcher::Start {
-                    initial: Vec::new(),
-                    initial_rv: self.progress,
-                    end_bookmark: false,
-                    replay,
-                    floor: sub.plan.from_rv,
-                    start_seq: self.seq,
-                },
-                Err(window::Error::Expired { .. })
-                    if may_backfill && requested_backfillable(&self.window, sub.plan.from_rv) =>
-                {
-                    self.backfill(sub);
-                    return;
-                }
-                Err(window::Error::Expired { requested, oldest }) => {
-                    metrics::counter!(m::EXPIRED_WATCHES, &self.labels).increment(1);
-                    sub.addr.do_send(watcher::Expired { requested, oldest });
-                    return;
-                }
+            (WatchStart::Expired { oldest }, _)
+            | (WatchStart::Replay, Err(window::Error::Expired { oldest, .. })) => {
+                metrics::counter!(m::EXPIRED_WATCHES, &self.labels).increment(1);
+                sub.addr.do_send(watcher::Expired {
+                    requested: from,
+                    oldest,
+                });
+                return;
             }
         };
         // The Start message is a one-off control message; later events are try_send'ed,
@@ -655,7 +647,9 @@ impl CachedObject {
         let Some(w) = self.watchers.get_mut(&msg.id) else {
             return;
         };
-        let Some(events) = self.window.since_seq(msg.after_seq, self.seq) else {
+        let events = self.window.since_seq(msg.after_seq, self.seq);
+        let next = key_machine::continue_watcher(events.as_ref().map(Vec::len), msg.room);
+        let (Some(events), false) = (events, next == Continue::Expired) else {
             metrics::counter!(m::EXPIRED_WATCHES, &self.labels).increment(1);
             let oldest = self.window.oldest_replayable();
             if let Some(w) = self.watchers.remove(&msg.id) {
@@ -669,7 +663,7 @@ impl CachedObject {
                 .store(self.watchers.len(), Ordering::Relaxed);
             return;
         };
-        let live = events.is_empty() || events.len() < msg.room;
+        let live = next == Continue::Live;
         w.addr.do_send(watcher::Replay {
             events,
             upto_seq: self.seq,
@@ -696,13 +690,15 @@ impl CachedObject {
             if !w.allow_bookmarks {
                 continue;
             }
-            let _ = w.addr.try_send(watcher::Bookmark { rv: self.progress });
+            let _ = w.addr.try_send(watcher::Bookmark {
+                rv: self.progress(),
+            });
             if let Some(due) = next_bookmark_time(now, w.deadline_ms, freq) {
                 self.bookmarks.schedule(id, due);
             }
         }
         self.heartbeat(now);
-        self.serve_pending();
+        self.step(Input::Tick, |_, _| {});
         self.expire_backfills();
     }
 
@@ -750,7 +746,7 @@ impl Actor for CachedObject {
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         metrics::gauge!(m::CACHED_KEYS).decrement(1.0);
-        if self.synced {
+        if self.machine.synced() {
             metrics::gauge!(m::SYNCED_KEYS).decrement(1.0);
         }
         metrics::gauge!(m::CACHED_OBJECTS).decrement(self.store.len() as f64);
@@ -767,11 +763,11 @@ impl Actor for CachedObject {
                 },
             });
         }
-        for p in self.pending.drain(..) {
+        for (_, waiter) in self.waiting.drain() {
             let err = Error::Stopping {
                 key: self.key.to_string(),
             };
-            match p.waiter {
+            match waiter {
                 Waiter::Read(tx) => {
                     let _ = tx.send(Err(err));
                 }
@@ -789,38 +785,32 @@ impl StreamHandler<SourceMsg> for CachedObject {
         match msg {
             SourceMsg::Listed { items, rv } => self.on_listed(items, rv),
             SourceMsg::Event { kind, object, rv } => self.on_event(kind, object, rv),
-            SourceMsg::Progress { rv } => {
-                if rv > self.progress {
-                    // Mirrors learn of progress without events from a heartbeat: send it now.
-                    self.last_heartbeat_ms = 0;
-                }
-                self.set_progress(rv);
-                self.serve_pending();
-            }
+            SourceMsg::Progress { rv } => self.step(Input::Progress { rv }, |_, _| {}),
             SourceMsg::Replayed { from, replay } => self.on_replayed(from, replay),
             SourceMsg::Role(role) => self.on_role(role),
             SourceMsg::Snapshot { since, reply } => {
-                let snap = self
-                    .synced
-                    .then(|| match since.map(|rv| self.window.since(rv)) {
-                        Some(Ok(events)) => OwnerSnapshot {
-                            objects: Vec::new(),
-                            replay: Some(events),
-                            rv: self.progress,
-                            seq: self.seq,
-                        },
-                        _ => OwnerSnapshot {
-                            objects: self.store.snapshot(),
-                            replay: None,
-                            rv: self.progress,
-                            seq: self.seq,
-                        },
-                    });
+                let snap =
+                    self.machine
+                        .synced()
+                        .then(|| match since.map(|rv| self.window.since(rv)) {
+                            Some(Ok(events)) => OwnerSnapshot {
+                                objects: Vec::new(),
+                                replay: Some(events),
+                                rv: self.progress(),
+                                seq: self.seq,
+                            },
+                            _ => OwnerSnapshot {
+                                objects: self.store.snapshot(),
+                                replay: None,
+                                rv: self.progress(),
+                                seq: self.seq,
+                            },
+                        });
                 let _ = reply.send(snap);
             }
             SourceMsg::Unhealthy { error } => {
                 // Reads keep being served from what is cached; a probe in flight is lost.
-                self.probe_in_flight = false;
+                self.step(Input::SourceUnhealthy, |_, _| {});
                 tracing::debug!(key = %self.key, %error, "source unhealthy");
             }
         }
@@ -835,7 +825,7 @@ impl Handler<Read> for CachedObject {
     type Result = ResponseFuture<Result<Snapshot>>;
 
     fn handle(&mut self, msg: Read, _ctx: &mut Self::Context) -> Self::Result {
-        if self.synced && self.progress >= msg.min_rv {
+        if self.machine.fresh_enough(msg.min_rv) {
             let snap = self.snapshot();
             return Box::pin(async move { Ok(snap) });
         }
@@ -858,7 +848,7 @@ impl Handler<Subscribe> for CachedObject {
         } else {
             0
         };
-        if self.synced && self.progress >= min_rv {
+        if self.machine.fresh_enough(min_rv) {
             self.activate(sub);
         } else {
             self.wait(min_rv, Waiter::Watch(sub));
@@ -898,9 +888,10 @@ impl Handler<Drain> for CachedObject {
     type Result = ();
 
     fn handle(&mut self, _msg: Drain, _ctx: &mut Self::Context) {
+        let rv = self.progress();
         for (_, w) in self.watchers.drain() {
             w.addr.do_send(watcher::Close {
-                reason: watcher::CloseReason::Draining { rv: self.progress },
+                reason: watcher::CloseReason::Draining { rv },
             });
         }
         self.status.watchers.store(0, Ordering::Relaxed);

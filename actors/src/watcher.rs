@@ -25,6 +25,7 @@ use crate::core::bookmark::bookmark_line;
 use crate::core::event::{encode_line, encode_value_line, StoreEvent, BACKFILLED_SEQ};
 use crate::core::filter::{convert, Conversion, EventType, Filter};
 use crate::core::key::Key;
+use crate::core::key_machine::Cursor;
 use crate::core::object::Object;
 use crate::core::rv::WatchPlan;
 use crate::metrics as m;
@@ -96,12 +97,9 @@ pub struct Watcher {
     waiting_for_room: bool,
     /// The key sends this watcher its events and bookmarks.
     live: bool,
-    /// Object events at or below this RV are never sent (the client has them).
-    floor: u64,
-    /// Highest event sequence handled; replay and live events may overlap.
-    last_seq: u64,
-    /// Highest RV sent, so bookmarks never go back.
-    sent_rv: u64,
+    /// The never-go-back rules: the RV floor, the last sequence handled (replay and live
+    /// events may overlap), the highest RV sent (bookmarks never go back).
+    cursor: Cursor,
     started: bool,
     closing: bool,
     last_write: Instant,
@@ -122,14 +120,12 @@ impl Watcher {
         let delivery = metrics::histogram!(m::EVENT_DELIVERY, &labels);
         Watcher {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            floor: spec.plan.from_rv,
-            sent_rv: spec.plan.from_rv,
+            cursor: Cursor::new(spec.plan.from_rv),
             spec,
             backlog: std::collections::VecDeque::new(),
             backlog_seq: 0,
             waiting_for_room: false,
             live: false,
-            last_seq: 0,
             started: false,
             closing: false,
             last_write: Instant::now(),
@@ -179,13 +175,7 @@ impl Watcher {
     fn deliver(&mut self, ev: &StoreEvent, ctx: &mut Context<Self>) -> bool {
         // Events from before the key's list (`BACKFILLED_SEQ`) come only in a start's
         // replay, once, ahead of every numbered event: the RV floor alone orders them.
-        if ev.seq != BACKFILLED_SEQ {
-            if ev.seq <= self.last_seq {
-                return false;
-            }
-            self.last_seq = ev.seq;
-        }
-        if ev.rv <= self.floor {
+        if !self.cursor.admit(ev.seq, ev.rv, BACKFILLED_SEQ) {
             return false;
         }
         let line = match convert(&self.spec.filter, ev.kind, &ev.object, ev.prev.as_deref()) {
@@ -208,7 +198,7 @@ impl Watcher {
         };
         let pushed = self.push(line, ctx);
         if pushed {
-            self.sent_rv = self.sent_rv.max(ev.rv);
+            self.cursor.sent(ev.rv);
         }
         pushed
     }
@@ -257,12 +247,12 @@ impl Watcher {
         }
         // Shrink what a 20,000-object start left behind.
         self.backlog = std::collections::VecDeque::new();
-        self.last_seq = self.last_seq.max(self.backlog_seq);
+        self.cursor.covered(self.backlog_seq);
         if !self.live && !self.closing {
             self.spec.cached.do_send(cached_object::Ready {
                 id: self.id,
-                after_seq: self.last_seq,
-                rv: self.sent_rv.max(self.floor),
+                after_seq: self.cursor.last_seq,
+                rv: self.cursor.rv(),
                 room: self.spec.body.room(),
             });
         }
@@ -277,10 +267,10 @@ impl Watcher {
 
     fn bookmark(&mut self, rv: u64, initial_events_end: bool, ctx: &mut Context<Self>) {
         // Never below what the client already has; equal is allowed (as the seed does).
-        let rv = rv.max(self.sent_rv).max(self.floor);
+        let rv = self.cursor.bookmark_rv(rv);
         let line = bookmark_line(&self.spec.key.resource, rv, initial_events_end);
         if self.push(line, ctx) {
-            self.sent_rv = rv;
+            self.cursor.sent(rv);
         }
     }
 }
@@ -476,12 +466,8 @@ impl Handler<Start> for Watcher {
 
     fn handle(&mut self, msg: Start, ctx: &mut Self::Context) {
         self.started = true;
-        if !msg.initial.is_empty() || msg.end_bookmark {
-            self.sent_rv = self.sent_rv.max(msg.initial_rv);
-            // Live events after the snapshot are all newer than it.
-            self.floor = self.floor.max(msg.initial_rv);
-        }
-        self.floor = self.floor.max(msg.floor);
+        let snapshot = (!msg.initial.is_empty() || msg.end_bookmark).then_some(msg.initial_rv);
+        self.cursor.started(snapshot, msg.floor);
         self.backlog
             .extend(msg.initial.into_iter().map(Item::Object));
         if msg.end_bookmark {

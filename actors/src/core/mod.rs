@@ -10,6 +10,7 @@ pub mod event;
 pub mod filter;
 pub mod interest;
 pub mod key;
+pub mod key_machine;
 pub mod lease;
 pub mod lines;
 pub mod mirror;
