@@ -51,6 +51,9 @@ pub struct CacheConfig {
     pub max_keys: usize,
     /// Most keys one user's requests may have started and still hold (0: no cap).
     pub max_keys_per_user: usize,
+    /// Threads (actix arbiters) the keys are spread over, a key always on the same one;
+    /// 0: one per CPU. 1 runs every key on the registry's own thread.
+    pub arbiters: usize,
 }
 
 impl Default for CacheConfig {
@@ -73,6 +76,7 @@ impl Default for CacheConfig {
             probe_interval_ms: 1_000,
             max_keys: 100_000,
             max_keys_per_user: 10_000,
+            arbiters: 0,
         }
     }
 }

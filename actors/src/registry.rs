@@ -35,6 +35,8 @@ struct Entry {
 
 pub struct Registry {
     cfg: Arc<CacheConfig>,
+    /// Where keys run (`cache.arbiters`); empty: on the registry's own arbiter.
+    arbiters: Arbiters,
     sources: Arc<dyn SourceFactory>,
     entries: HashMap<Key, Entry>,
     replica: String,
@@ -55,6 +57,7 @@ pub enum Error {
 impl Registry {
     pub fn new(cfg: Arc<CacheConfig>, sources: Arc<dyn SourceFactory>, replica: String) -> Self {
         Registry {
+            arbiters: Arbiters::spawn(cfg.arbiters),
             cfg,
             sources,
             entries: HashMap::new(),
@@ -163,11 +166,17 @@ impl Registry {
 
     fn acquire(&mut self, key: Key) -> Addr<CachedObject> {
         let cfg = &self.cfg;
+        let arbiters = &self.arbiters;
         let sources = &self.sources;
         let entry = self.entries.entry(key.clone()).or_insert_with(|| {
             let status = Arc::new(KeyStatus::default());
-            let addr = CachedObject::new(key.clone(), cfg.clone(), sources.clone(), status.clone())
-                .start();
+            let cached =
+                CachedObject::new(key.clone(), cfg.clone(), sources.clone(), status.clone());
+            let addr = match arbiters.for_key(&key) {
+                // The key's source task is spawned from `started`, so it runs there too.
+                Some(arbiter) => CachedObject::start_in_arbiter(arbiter, move |_| cached),
+                None => cached.start(),
+            };
             tracing::info!(key = %key, "caching key");
             Entry {
                 token: key_token(&key),
@@ -195,6 +204,52 @@ impl Registry {
         entry.generation += 1;
         let generation = entry.generation;
         self.schedule_stop(key.clone(), generation, ctx);
+    }
+}
+
+/// The threads keys run on. A key's CachedObject, its source and its upstream stream
+/// share one (their messages stay on one thread), chosen by the key's hash so the same
+/// key always lands on the same one; different keys' events are handled in parallel.
+struct Arbiters(Vec<(Arbiter, ArbiterHandle)>);
+
+impl Arbiters {
+    fn spawn(configured: usize) -> Self {
+        let n = match configured {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
+        };
+        if n <= 1 {
+            return Arbiters(Vec::new());
+        }
+        tracing::info!(arbiters = n, "spreading keys over arbiters");
+        Arbiters(
+            (0..n)
+                .map(|_| {
+                    let a = Arbiter::new();
+                    let h = a.handle();
+                    (a, h)
+                })
+                .collect(),
+        )
+    }
+
+    fn for_key(&self, key: &Key) -> Option<&ArbiterHandle> {
+        use std::hash::{Hash, Hasher};
+        if self.0.is_empty() {
+            return None;
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        key.hash(&mut h);
+        let i = (h.finish() % self.0.len() as u64) as usize;
+        Some(&self.0[i].1)
+    }
+}
+
+impl Drop for Arbiters {
+    fn drop(&mut self) {
+        for (a, _) in &self.0 {
+            a.stop();
+        }
     }
 }
 
