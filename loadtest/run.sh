@@ -5,7 +5,7 @@
 # <results>/<scenario>-<date>.json plus <scenario>-<date>-latency-cdf.png and -rss.png,
 # and stops everything it started.
 #
-#   loadtest/run.sh [--scenario kubelet|informer|slow|scale] [other kcache-bench flags]
+#   loadtest/run.sh [--scenario kubelet|informer|slow|scale|objects|kubeproxy] [other kcache-bench flags]
 #   loadtest/run.sh --scenario kubelet --nodes 10 --watches-per-node 49   # a small run
 #
 # The standard benchmark (scenarios 1-3) and scenario 4: loadtest/standard.sh.
@@ -18,7 +18,8 @@
 #
 # Environment: KCACHE_BENCH_RESULTS (default loadtest/results), KCACHE_BENCH_NO_BUILD=1
 # (use the binaries in target/release as they are), KCACHE_BENCH_NOFILE (open-file limit
-# to ask for, default 200000).
+# to ask for, default 200000). CARGO_TARGET_DIR, if set, is where cargo builds and where
+# the binaries are taken from (default: target).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,6 +41,7 @@ ulimit -n "$want" 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 echo "open-file limit: $(ulimit -n)"
 
 bin=$(scripts/ensure-deps.sh | tail -1)
+release=${CARGO_TARGET_DIR:-target}/release
 if [[ -z ${KCACHE_BENCH_NO_BUILD:-} ]]; then
   # A benchmark measures the code in this tree: no stale binary if the build fails.
   cargo build --release -p kcache-loadtest -p kcache
@@ -109,7 +111,7 @@ port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print
 # RSS and CPU figures are then the wrapper's and mean nothing. KCACHE_BENCH_BIN: another
 # kcache build (e.g. one with debug line tables for the profiler).
 read -r -a wrap <<<"${KCACHE_BENCH_WRAP:-}"
-"${pin_kcache[@]}" "${wrap[@]}" "${KCACHE_BENCH_BIN:-target/release/kcache}" serve --kubeconfig "$KUBECONFIG" --listen "127.0.0.1:$port" \
+"${pin_kcache[@]}" "${wrap[@]}" "${KCACHE_BENCH_BIN:-$release/kcache}" serve --kubeconfig "$KUBECONFIG" --listen "127.0.0.1:$port" \
   "${kcache_args[@]}" >"$KUBE_DIR/kcache.log" 2>&1 &
 kpid=$!
 ready=
@@ -124,5 +126,5 @@ results=${KCACHE_BENCH_RESULTS:-loadtest/results}
 mkdir -p "$results"
 out=()
 [[ $own_out ]] || out=(--out "$results/$scenario-$(date -u +%Y%m%dT%H%M%SZ).json")
-"${pin_gen[@]}" target/release/kcache-bench --apiserver "$KUBE_URL" --apiserver-pid "$apid" \
+"${pin_gen[@]}" "$release/kcache-bench" --apiserver "$KUBE_URL" --apiserver-pid "$apid" \
   --kcache "https://127.0.0.1:$port" --kcache-pid "$kpid" --pinning "$pinning" "${out[@]}" "$@"

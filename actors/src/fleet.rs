@@ -33,11 +33,11 @@ use tokio::sync::{mpsc, oneshot};
 use crate::cached_object::{FleetInfo, KeyStatus};
 use crate::config::NatsConfig;
 use crate::core::event::StoreEvent;
-use crate::core::object::{self, Schema, WireEvent};
 use crate::core::interest::Interest;
 use crate::core::key::Key;
 use crate::core::lease;
 use crate::core::mirror::{Input, Mirror, Output, Resync, Stamp};
+use crate::core::object::{self, Schema, WireEvent};
 use crate::core::seal::{self, Keyring};
 use crate::core::subject::{key_token, Subjects};
 use crate::core::wire::{self, Frame, Kind, Reassembler};
@@ -1112,7 +1112,13 @@ fn encode_replay(events: &[Arc<StoreEvent>]) -> Bytes {
 /// A snapshot body: a `List` as the API server would answer it, the objects' own bytes.
 fn encode_list(snap: &OwnerSnapshot) -> Bytes {
     let head = object::list_head("List", "v1", snap.rv);
-    let size = head.len() + snap.objects.iter().map(|o| o.json().len() + 1).sum::<usize>() + 2;
+    let size = head.len()
+        + snap
+            .objects
+            .iter()
+            .map(|o| o.json().len() + 1)
+            .sum::<usize>()
+        + 2;
     let mut out = Vec::with_capacity(size);
     out.extend_from_slice(&head);
     let mut items = object::ListWriter::new(usize::MAX);

@@ -17,16 +17,21 @@ pub enum ScenarioKind {
     Slow,
     /// Many single-object watches on one replica (50,000 by default).
     Scale,
+    /// RSS per cached object and whole-namespace lists of many ConfigMaps (100,000).
+    Objects,
+    /// Cluster-wide Endpoints watches, one per connection, as kube-proxies hold them.
+    Kubeproxy,
 }
 
 impl ScenarioKind {
     /// Default for `--open-timeout-secs`: kcache syncs keys at its upstream QPS (200/s),
-    /// so 5,000 keys of the scale scenario alone take 25 s.
+    /// so 5,000 keys of the scale scenario alone take 25 s; one key of 100,000 objects is
+    /// a list of ~140 MB, and 5,000 TLS handshakes on a shared core take minutes.
     pub fn open_timeout_secs(self) -> u64 {
-        if self == ScenarioKind::Scale {
-            300
-        } else {
-            120
+        match self {
+            ScenarioKind::Scale | ScenarioKind::Kubeproxy => 300,
+            ScenarioKind::Objects => 600,
+            _ => 120,
         }
     }
 
@@ -36,6 +41,8 @@ impl ScenarioKind {
             ScenarioKind::Informer => "informer",
             ScenarioKind::Slow => "slow",
             ScenarioKind::Scale => "scale",
+            ScenarioKind::Objects => "objects",
+            ScenarioKind::Kubeproxy => "kubeproxy",
         }
     }
 }
@@ -90,7 +97,7 @@ pub struct Args {
     pub source_addrs: u8,
 
     /// Writes (or churn operations) per second, always sent to the API server.
-    /// Default: 100 (informer: 60).
+    /// Default: 100 (informer: 60, kubeproxy: 20).
     #[arg(long)]
     pub rate: Option<u64>,
     /// Seconds of writes per measured phase. Default: 20 (slow: 15 per phase).
@@ -102,8 +109,9 @@ pub struct Args {
     /// Pause before each RSS sample, so allocations settle (milliseconds).
     #[arg(long, default_value_t = 1000)]
     pub settle_ms: u64,
-    /// Longest wait for all watches of one target to be established (seconds).
-    /// Default: 120 (scale: 300).
+    /// Longest wait for all watches of one target to be established (objects: for the
+    /// target to hold every object) in seconds. Default: 120 (scale, kubeproxy: 300,
+    /// objects: 600).
     #[arg(long)]
     pub open_timeout_secs: Option<u64>,
     /// Longest wait for the last deliveries after the writes stop (seconds).
@@ -138,19 +146,23 @@ pub struct Args {
     /// informer: list+watch clients.
     #[arg(long, default_value_t = 50)]
     pub clients: usize,
-    /// informer: namespaces the clients (round robin) and the churn are spread over.
-    #[arg(long, default_value_t = 5)]
-    pub namespaces: usize,
+    /// informer: namespaces the clients (round robin) and the churn are spread over;
+    /// kubeproxy: namespaces the Services are spread over. Default: informer 5,
+    /// kubeproxy 10.
+    #[arg(long)]
+    pub namespaces: Option<usize>,
     /// informer: ConfigMaps (1 KiB) in each namespace before the clients list.
     #[arg(long, default_value_t = 200)]
     pub objects_per_namespace: usize,
 
-    /// slow, scale: watches in total (slow: normal + slow ones). Default: slow 1,000,
-    /// scale 50,000.
+    /// slow, scale, kubeproxy: watches in total (slow: normal + slow ones; kubeproxy:
+    /// cluster-wide Endpoints watches, one per connection). Default: slow 1,000, scale
+    /// 50,000, kubeproxy 5,000.
     #[arg(long)]
     pub watches: Option<usize>,
-    /// slow, scale: objects the single-object watches are spread over. Default: slow 100
-    /// ConfigMaps, scale 5,000 Secrets.
+    /// slow, scale: objects the single-object watches are spread over; objects:
+    /// ConfigMaps (~1.4 KB of JSON each) in the one namespace. Default: slow 100
+    /// ConfigMaps, scale 5,000 Secrets, objects 100,000 ConfigMaps.
     #[arg(long)]
     pub objects: Option<usize>,
     /// slow: fraction of the watches that are slow consumers (namespace-wide watches that
@@ -165,6 +177,20 @@ pub struct Args {
     /// it measured fewer than kcache.
     #[arg(long, default_value_t = 10_000)]
     pub apiserver_max_watches: usize,
+
+    /// objects: creates in flight while the ConfigMaps are made.
+    #[arg(long, default_value_t = 32)]
+    pub create_concurrency: usize,
+    /// objects: whole-namespace lists (`resourceVersion=0`) per target; the report gives
+    /// each and the median.
+    #[arg(long, default_value_t = 3)]
+    pub lists: usize,
+    /// kubeproxy: Services (headless), each with its own Endpoints object.
+    #[arg(long, default_value_t = 1000)]
+    pub services: usize,
+    /// kubeproxy: addresses in each Endpoints object's one subset.
+    #[arg(long, default_value_t = 3)]
+    pub endpoint_addresses: usize,
 
     /// Where to write the JSON results; the PNG plots go beside it (`<stem>-*.png`).
     #[arg(long, default_value = "bench-results.json")]

@@ -7,10 +7,12 @@
 //! against the clients' watches.
 //!
 //! `loadtest/run.sh` starts a fresh cluster and kcache, pins them, and runs this binary;
-//! `loadtest/standard.sh` runs the standard benchmark (scenarios 1–3) and scenario 4.
+//! `loadtest/standard.sh` runs the standard benchmark (scenarios 1–3) and scenario 4;
+//! `objects` (100,000 cached objects, whole-namespace lists) and `kubeproxy` (5,000
+//! cluster-wide Endpoints watches, one per connection) run on their own.
 //!
 //! Where things are:
-//! - [`cli`]: flags; `--scenario kubelet|informer|slow|scale`.
+//! - [`cli`]: flags; `--scenario kubelet|informer|slow|scale|objects|kubeproxy`.
 //! - [`scenario`]: the shared measuring steps ([`scenario::Session`]) and one module per
 //!   scenario, each documenting its workload.
 //! - [`watch`]: one client watch (and the slow consumer that never reads).
@@ -57,23 +59,29 @@ fn draw_plots(args: &Args, run: &ScenarioRun, progress: &Progress) -> Vec<String
     let out = Path::new(&args.out);
     let name = args.scenario.name();
     let mut done = Vec::new();
-    let cdf = beside(out, "latency-cdf.png");
-    match plot::latency_cdf(
-        &cdf,
-        &format!("{name}: write -> delivery latency"),
-        &run.series,
-    ) {
-        Ok(()) => done.push(cdf.display().to_string()),
-        Err(e) => progress.log(&format!("latency plot: {e}")),
+    // A scenario without writes (objects) has no latency to plot, nor watches to plot
+    // RSS against.
+    if run.series.iter().any(|s| !s.sorted.is_empty()) {
+        let cdf = beside(out, "latency-cdf.png");
+        match plot::latency_cdf(
+            &cdf,
+            &format!("{name}: write -> delivery latency"),
+            &run.series,
+        ) {
+            Ok(()) => done.push(cdf.display().to_string()),
+            Err(e) => progress.log(&format!("latency plot: {e}")),
+        }
     }
-    let rss = beside(out, "rss.png");
-    match plot::rss_vs_watches(
-        &rss,
-        &format!("{name}: RSS growth vs watches"),
-        &run.reports,
-    ) {
-        Ok(()) => done.push(rss.display().to_string()),
-        Err(e) => progress.log(&format!("RSS plot: {e}")),
+    if run.reports.iter().any(|r| !r.rss_steps.is_empty()) {
+        let rss = beside(out, "rss.png");
+        match plot::rss_vs_watches(
+            &rss,
+            &format!("{name}: RSS growth vs watches"),
+            &run.reports,
+        ) {
+            Ok(()) => done.push(rss.display().to_string()),
+            Err(e) => progress.log(&format!("RSS plot: {e}")),
+        }
     }
     done
 }

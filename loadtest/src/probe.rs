@@ -3,6 +3,10 @@
 //! `apiserver_registered_watchers`, kcache's `kcache_terminated_watchers_total`, …).
 
 use std::ops::Sub;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -16,6 +20,60 @@ pub fn rss_kib(pid: u32) -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
         })
         .unwrap_or(0)
+}
+
+/// The highest VmRSS of a process over a stretch of time: sampled every `every` on a
+/// thread of its own (not a tokio task, so a busy runtime does not skip samples) until
+/// [`PeakRss::stop`]. VmHWM would be the peak of the process's whole life, not of the
+/// stretch measured.
+pub struct PeakRss {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<u64>>,
+}
+
+impl PeakRss {
+    pub fn start(pid: u32, every: Duration) -> PeakRss {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("rss-sampler".into())
+            .spawn(move || {
+                let mut peak = rss_kib(pid);
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(every);
+                    peak = peak.max(rss_kib(pid));
+                }
+                peak
+            })
+            .ok();
+        PeakRss { stop, thread }
+    }
+
+    /// Stops sampling; the peak in KiB (with one last sample), or the RSS now if the
+    /// sampling thread could not be started.
+    pub fn stop(mut self, pid: u32) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        let now = rss_kib(pid);
+        let peak = self.thread.take().and_then(|t| t.join().ok()).unwrap_or(0);
+        peak.max(now)
+    }
+}
+
+impl Drop for PeakRss {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// This process's soft limit of open files (`None` if unlimited or unreadable).
+pub fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.trim_start_matches("Max open files")
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// utime + stime of a process (all its threads), in seconds (0 if it cannot be read).
@@ -126,5 +184,9 @@ mod tests {
     fn own_process_is_readable() {
         assert!(rss_kib(std::process::id()) > 0);
         assert!(cpu_seconds(std::process::id()) >= 0.0);
+        assert!(open_files_limit().is_some_and(|n| n > 0));
+        let peak = PeakRss::start(std::process::id(), Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(peak.stop(std::process::id()) > 0);
     }
 }

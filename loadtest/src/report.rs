@@ -124,11 +124,19 @@ pub struct TargetReport {
     pub notes: Vec<String>,
     /// Scenario-specific figures.
     pub extra: Value,
+    /// Figures compared side by side instead of the watch figures below, for a scenario
+    /// that measures no watch workload (`objects`); their values are in `extra` too.
+    /// Every report of a run has the same names in the same order.
+    #[serde(skip)]
+    pub own_figures: Option<Vec<(&'static str, Option<f64>)>>,
 }
 
 impl TargetReport {
     /// The figures compared side by side, by name.
     fn figures(&self) -> Vec<(&'static str, Option<f64>)> {
+        if let Some(own) = &self.own_figures {
+            return own.clone();
+        }
         let f = |v: usize| Some(v as f64);
         vec![
             ("client_watches", f(self.client_watches)),

@@ -13,9 +13,9 @@ use bytes::Bytes;
 use kcache_actors::cached_object::{self, Read};
 use kcache_actors::config::CacheConfig;
 use kcache_actors::core::event::encode_value_line;
-use kcache_actors::core::object::{self, Object};
 use kcache_actors::core::filter::{EventType, Filter};
 use kcache_actors::core::key::{route, ResourceType};
+use kcache_actors::core::object::{self, Object};
 use kcache_actors::core::rv::{plan_list, plan_watch, ListPlan};
 use kcache_actors::core::selector::{FieldSelector, LabelSelector};
 use kcache_actors::registry::{Acquire, Hold, Registry};
@@ -343,9 +343,10 @@ async fn serve_cached(
         Ok(snap) => snap,
         Err(reason) => return Ok(Served::Forward(reason)),
     };
-    let obj = snap.objects.iter().find(|o| {
-        o.name() == name.as_str() && namespace.is_none_or(|ns| o.namespace() == ns)
-    });
+    let obj = snap
+        .objects
+        .iter()
+        .find(|o| o.name() == name.as_str() && namespace.is_none_or(|ns| o.namespace() == ns));
     let Some(obj) = obj else {
         return Err(ApiError::not_found(
             &resource.group,

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use crate::core::event::StoreEvent;
-use crate::core::object::Object;
 use crate::core::filter::EventType;
+use crate::core::object::Object;
 use crate::core::store::Store;
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -131,9 +131,7 @@ mod tests {
     }
     fn summary(b: &[Backfilled]) -> Vec<(EventType, u64, Option<u64>)> {
         b.iter()
-            .map(|b| {
-(b.kind, b.rv, b.prev.as_ref().map(|p| p.rv()))
-            })
+            .map(|b| (b.kind, b.rv, b.prev.as_ref().map(|p| p.rv())))
             .collect()
     }
     use EventType::{Added, Deleted, Modified};

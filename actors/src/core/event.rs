@@ -120,6 +120,9 @@ mod tests {
         );
         let ev = StoreEvent::of_new(1, 1, EventType::Modified, o, None);
         assert!(ev.line.starts_with(MODIFIED_PREFIX));
-        assert_eq!(ev.object.json().as_ptr(), ev.line[MODIFIED_PREFIX.len()..].as_ptr());
+        assert_eq!(
+            ev.object.json().as_ptr(),
+            ev.line[MODIFIED_PREFIX.len()..].as_ptr()
+        );
     }
 }

@@ -26,10 +26,8 @@ pub struct Change {
 }
 
 pub fn diff(store: &Store, listed: Vec<Object>, list_rv: u64) -> Vec<Change> {
-    let mut fresh: BTreeMap<String, Arc<Object>> = listed
-        .into_iter()
-        .map(|o| (o.key(), Arc::new(o)))
-        .collect();
+    let mut fresh: BTreeMap<String, Arc<Object>> =
+        listed.into_iter().map(|o| (o.key(), Arc::new(o))).collect();
     let mut changes = Vec::new();
     let mut deletions = Vec::new();
     for (key, old) in store.iter() {
@@ -86,9 +84,7 @@ mod tests {
 
     fn summary(c: &[Change]) -> Vec<(EventType, String, u64)> {
         c.iter()
-            .map(|c| {
-(c.kind, c.object.name().to_string(), c.rv)
-            })
+            .map(|c| (c.kind, c.object.name().to_string(), c.rv))
             .collect()
     }
 
@@ -126,7 +122,10 @@ mod tests {
             ]
         );
         // A synthetic DELETED carries the RV it is sent at, and the old object's UID.
-        assert_eq!(got[0].object.to_value()["metadata"]["resourceVersion"], "19");
+        assert_eq!(
+            got[0].object.to_value()["metadata"]["resourceVersion"],
+            "19"
+        );
         assert_eq!(got[0].object.rv(), 19);
         assert_eq!(got[0].object.uid(), "3");
         assert_eq!(got[4].object.rv(), 40);

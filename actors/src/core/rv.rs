@@ -208,11 +208,6 @@ pub fn watch_start(from_rv: u64, oldest_replayable: u64) -> WatchStart {
     }
 }
 
-/// Whether a cache read needing `min_rv` can be answered now.
-pub fn fresh_enough(progress: u64, min_rv: u64) -> bool {
-    progress >= min_rv
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,7 +389,5 @@ mod tests {
         assert_eq!(watch_start(8, 10), WatchStart::Expired { oldest: 10 });
         assert_eq!(watch_start(100, 10), WatchStart::Replay);
         assert_eq!(watch_start(0, 1), WatchStart::Replay);
-        assert!(fresh_enough(10, 10));
-        assert!(!fresh_enough(9, 10));
     }
 }

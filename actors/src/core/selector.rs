@@ -789,8 +789,11 @@ mod tests {
 
     /// An object with these `metadata.labels`.
     fn labelled(labels: Value) -> Object {
-        Object::from_value(Schema::Generic, &json!({"metadata": {"name": "o", "labels": labels}}))
-            .expect("valid object")
+        Object::from_value(
+            Schema::Generic,
+            &json!({"metadata": {"name": "o", "labels": labels}}),
+        )
+        .expect("valid object")
     }
 
     fn as_object(schema: Schema, v: &Value) -> Object {
@@ -1293,13 +1296,16 @@ mod tests {
     }
 
     fn pod() -> Object {
-        as_object(Schema::Pod, &json!({
-            "metadata": {"name": "p", "namespace": "ns"},
-            "spec": {"nodeName": "n1", "restartPolicy": "Always", "schedulerName": "default-scheduler",
-                     "serviceAccountName": "sa"},
-            "status": {"phase": "Running", "podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}],
-                       "nominatedNodeName": "n2"}
-        }))
+        as_object(
+            Schema::Pod,
+            &json!({
+                "metadata": {"name": "p", "namespace": "ns"},
+                "spec": {"nodeName": "n1", "restartPolicy": "Always", "schedulerName": "default-scheduler",
+                         "serviceAccountName": "sa"},
+                "status": {"phase": "Running", "podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}],
+                           "nominatedNodeName": "n2"}
+            }),
+        )
     }
 
     #[test]

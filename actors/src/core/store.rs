@@ -65,7 +65,9 @@ pub(crate) mod fixtures {
 
     /// `n/name` with a UID and a resourceVersion.
     pub fn obj(name: &str, uid: &str, rv: u64) -> Object {
-        o(json!({"metadata": {"name": name, "namespace": "n", "uid": uid, "resourceVersion": rv.to_string()}}))
+        o(
+            json!({"metadata": {"name": name, "namespace": "n", "uid": uid, "resourceVersion": rv.to_string()}}),
+        )
     }
 
     pub fn store(objs: &[Object]) -> Store {

@@ -157,7 +157,9 @@ mod tests {
             seq,
             rv,
             EventType::Modified,
-            Arc::new(crate::core::store::fixtures::o(json!({"metadata": {"name": "a"}}))),
+            Arc::new(crate::core::store::fixtures::o(
+                json!({"metadata": {"name": "a"}}),
+            )),
             None,
         ))
     }

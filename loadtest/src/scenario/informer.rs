@@ -33,7 +33,7 @@ impl Params {
         let a = &ctx.args;
         Params {
             clients: a.clients.max(1),
-            namespaces: a.namespaces.max(1),
+            namespaces: a.namespaces.unwrap_or(5).max(1),
             objects_per_ns: a.objects_per_namespace,
             rate: a.rate.unwrap_or(60).max(1),
             seconds: a.seconds.unwrap_or(20),

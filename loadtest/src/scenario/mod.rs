@@ -1,13 +1,17 @@
 //! The scenarios, and the measuring steps they share.
 //!
-//! Each scenario module (`kubelet`, `informer`, `slow`, `scale`) has a `run` that creates
-//! its objects once, through the API server, then measures every target in turn with a
-//! [`Session`]: open the watches in steps (RSS sampled after each), write at a fixed rate
-//! to the API server, wait for the deliveries, and read CPU and the servers' watch
-//! counters. Targets never overlap: the watches of one are closed before the next starts.
+//! Each scenario module (`kubelet`, `informer`, `slow`, `scale`, `kubeproxy`) has a `run`
+//! that creates its objects once, through the API server, then measures every target in
+//! turn with a [`Session`]: open the watches in steps (RSS sampled after each), write at a
+//! fixed rate to the API server, wait for the deliveries, and read CPU and the servers'
+//! watch counters. Targets never overlap: the watches of one are closed before the next
+//! starts. `objects` measures no watch workload (RSS per cached object and whole-namespace
+//! lists) and does without a [`Session`].
 
 pub mod informer;
 pub mod kubelet;
+pub mod kubeproxy;
+pub mod objects;
 pub mod scale;
 pub mod slow;
 
@@ -105,6 +109,15 @@ pub fn per_item_bytes(growth_kib: i64, items: usize) -> f64 {
 /// A data string of `n` bytes.
 pub fn payload(n: usize) -> String {
     "x".repeat(n)
+}
+
+/// splitmix64: a fixed pseudo-random sequence (`splitmix64(seed + i)`) without a
+/// dependency, so both targets get the same "random" objects and writes.
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Counts the watches per object path of a plan (`object` → number of watches).
@@ -564,5 +577,7 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         crate::cli::ScenarioKind::Informer => informer::run(ctx).await,
         crate::cli::ScenarioKind::Slow => slow::run(ctx).await,
         crate::cli::ScenarioKind::Scale => scale::run(ctx).await,
+        crate::cli::ScenarioKind::Objects => objects::run(ctx).await,
+        crate::cli::ScenarioKind::Kubeproxy => kubeproxy::run(ctx).await,
     }
 }
