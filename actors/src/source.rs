@@ -22,6 +22,7 @@ use crate::core::event::StoreEvent;
 use crate::core::filter::EventType;
 use crate::core::key::{Key, Scope};
 use crate::core::lines::Lines;
+use crate::core::list_stream::ListSplitter;
 use crate::core::object::{self, Object, Schema, WireEvent};
 use crate::core::upstream::{step, Action, Backoff, Input, State};
 use crate::listener::Listener;
@@ -467,18 +468,33 @@ impl Reader {
             .body(Vec::new())
             .map_err(|e| failed(kube::Error::HttpError(e)))?;
         let conn = self.clients.checkout();
-        let body = send(conn.client(), req).await.map_err(failed)?;
-        let body = body.collect().await.map_err(failed)?.to_bytes();
-        let (items, rv) = object::parse_list(
-            &body,
-            self.schema,
-            &self.key.resource.kind,
-            &self.key.resource.api_version(),
-        )
-        .map_err(|source| Error::ListUnreadable {
+        let mut body = send(conn.client(), req).await.map_err(failed)?;
+        // Items are split out and parsed as the body arrives (`core::list_stream`): a
+        // list is never held whole beside its objects.
+        let unreadable = |source: object::Error| Error::ListUnreadable {
             key: self.key.to_string(),
             source,
-        })?;
+        };
+        let (kind, api_version) = (&self.key.resource.kind, self.key.resource.api_version());
+        let mut splitter = ListSplitter::new(MAX_EVENT_LINE);
+        let mut raw = Vec::new();
+        let mut items = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(failed)?.into_data() else {
+                continue;
+            };
+            splitter
+                .push(data, &mut raw)
+                .map_err(|e| unreadable(object::Error::List(e.to_string())))?;
+            for item in raw.drain(..) {
+                let o = Object::parse_copy(&item, self.schema, kind, &api_version)
+                    .map_err(unreadable)?;
+                items.push(o);
+            }
+        }
+        let rv = splitter
+            .finish()
+            .map_err(|e| unreadable(object::Error::List(e.to_string())))?;
         let rv = rv.ok_or_else(|| Error::NoResourceVersion {
             key: self.key.to_string(),
         })?;

@@ -13,6 +13,7 @@ pub mod key;
 pub mod key_machine;
 pub mod lease;
 pub mod lines;
+pub mod list_stream;
 pub mod mirror;
 pub mod object;
 pub mod relist;
