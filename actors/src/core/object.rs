@@ -103,12 +103,13 @@ impl Field {
 #[derive(Clone, PartialEq, Eq)]
 pub struct Object {
     json: Bytes,
-    name: Box<str>,
-    namespace: Box<str>,
-    uid: Box<str>,
+    /// Namespace, name and UID in one allocation (an object is held per cached object:
+    /// three small allocations would cost more than the strings).
+    ids: Box<str>,
+    namespace_len: u32,
+    name_len: u32,
     rv: u64,
-    /// Sorted by key, one entry per key.
-    labels: Box<[(Box<str>, Box<str>)]>,
+    labels: Labels,
     /// Non-empty selectable field values, sorted by field.
     fields: Box<[(Field, Box<str>)]>,
     /// Where `metadata.resourceVersion`'s JSON value sits in `json` (start, end), to
@@ -120,9 +121,9 @@ pub struct Object {
 impl std::fmt::Debug for Object {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Object")
-            .field("namespace", &self.namespace)
-            .field("name", &self.name)
-            .field("uid", &self.uid)
+            .field("namespace", &self.namespace())
+            .field("name", &self.name())
+            .field("uid", &self.uid())
             .field("rv", &self.rv)
             .field("bytes", &self.json.len())
             .finish()
@@ -202,16 +203,20 @@ impl Object {
     }
 
     pub fn name(&self) -> &str {
-        &self.name
+        let start = self.namespace_len as usize;
+        self.ids
+            .get(start..start + self.name_len as usize)
+            .unwrap_or("")
     }
 
     /// "" for a cluster-scoped object.
     pub fn namespace(&self) -> &str {
-        &self.namespace
+        self.ids.get(..self.namespace_len as usize).unwrap_or("")
     }
 
     pub fn uid(&self) -> &str {
-        &self.uid
+        let start = (self.namespace_len + self.name_len) as usize;
+        self.ids.get(start..).unwrap_or("")
     }
 
     /// `metadata.resourceVersion` as a number; 0 when missing or not a number (the API
@@ -223,32 +228,29 @@ impl Object {
     /// `namespace/name` (or `name` for cluster-scoped objects): the store key, as
     /// client-go's `MetaNamespaceKeyFunc`.
     pub fn key(&self) -> String {
-        if self.namespace.is_empty() {
-            self.name.to_string()
+        if self.namespace().is_empty() {
+            self.name().to_string()
         } else {
-            format!("{}/{}", self.namespace, self.name)
+            format!("{}/{}", self.namespace(), self.name())
         }
     }
 
     /// The label under `key`, `None` when the object has no such label.
     pub fn label(&self, key: &str) -> Option<&str> {
-        self.labels
-            .binary_search_by(|(k, _)| k.as_ref().cmp(key))
-            .ok()
-            .map(|i| self.labels[i].1.as_ref())
+        self.labels.get(key)
     }
 
     /// Whether the object has any labels (a selector test of an unlabelled object).
     pub fn has_labels(&self) -> bool {
-        !self.labels.is_empty()
+        !self.labels.ends.is_empty()
     }
 
     /// The value of field label `field` as the API server's field set holds it: "" for an
     /// unset field, and for a label the resource does not have.
     pub fn field(&self, field: &str) -> &str {
         match field {
-            "metadata.name" => &self.name,
-            "metadata.namespace" => &self.namespace,
+            "metadata.name" => self.name(),
+            "metadata.namespace" => self.namespace(),
             other => match Field::from_label(other) {
                 Some(f) => self
                     .fields
@@ -443,7 +445,7 @@ struct Header {
     namespace: Box<str>,
     uid: Box<str>,
     rv: u64,
-    labels: Box<[(Box<str>, Box<str>)]>,
+    labels: Labels,
     fields: Vec<(Field, Box<str>)>,
     rv_span: Option<(u32, u32)>,
     immutable: bool,
@@ -538,7 +540,7 @@ impl Header {
             namespace: boxed(meta.namespace),
             uid: boxed(meta.uid),
             rv,
-            labels: meta.labels.map(|l| l.0).unwrap_or_default(),
+            labels: meta.labels.unwrap_or_default(),
             fields,
             rv_span,
             immutable,
@@ -548,11 +550,13 @@ impl Header {
     }
 
     fn into_object(self, json: Bytes) -> Object {
+        let ids = [&*self.namespace, &*self.name, &*self.uid].concat();
         Object {
             json,
-            name: self.name,
-            namespace: self.namespace,
-            uid: self.uid,
+            ids: ids.into_boxed_str(),
+            // Offsets fit: the strings come from an object of at most 4 GiB (`read`).
+            namespace_len: self.namespace.len() as u32,
+            name_len: self.name.len() as u32,
             rv: self.rv,
             labels: self.labels,
             fields: self.fields.into_boxed_slice(),
@@ -572,8 +576,43 @@ fn push(fields: &mut Vec<(Field, Box<str>)>, field: Field, value: Option<String>
     }
 }
 
-/// `metadata.labels`: string values only, each key once, sorted.
-struct Labels(Box<[(Box<str>, Box<str>)]>);
+/// `metadata.labels`: string values only, each key once, sorted by key; kept as one
+/// string of every key and value and their end offsets (two allocations, not two per
+/// label).
+#[derive(Clone, PartialEq, Eq, Default)]
+struct Labels {
+    text: Box<str>,
+    /// (end of key, end of value) of each label in `text`.
+    ends: Box<[(u32, u32)]>,
+}
+
+impl Labels {
+    fn pair(&self, i: usize) -> (&str, &str) {
+        let start = match i {
+            0 => 0,
+            _ => self.ends[i - 1].1 as usize,
+        };
+        let (k, v) = self.ends[i];
+        (
+            self.text.get(start..k as usize).unwrap_or(""),
+            self.text.get(k as usize..v as usize).unwrap_or(""),
+        )
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        let (mut lo, mut hi) = (0, self.ends.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let (k, v) = self.pair(mid);
+            match k.cmp(key) {
+                std::cmp::Ordering::Equal => return Some(v),
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+            }
+        }
+        None
+    }
+}
 
 impl<'de> Deserialize<'de> for Labels {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -584,10 +623,10 @@ impl<'de> Deserialize<'de> for Labels {
                 f.write_str("a map of string labels")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Labels, A::Error> {
-                let mut out: Vec<(Box<str>, Box<str>)> = Vec::new();
+                let mut out: Vec<(String, String)> = Vec::new();
                 while let Some(k) = map.next_key::<String>()? {
                     let v = map.next_value::<Option<String>>()?.unwrap_or_default();
-                    out.push((k.into_boxed_str(), v.into_boxed_str()));
+                    out.push((k, v));
                 }
                 out.sort_by(|a, b| a.0.cmp(&b.0));
                 if let Some(w) = out.windows(2).find(|w| w[0].0 == w[1].0) {
@@ -596,7 +635,21 @@ impl<'de> Deserialize<'de> for Labels {
                         w[0].0
                     )));
                 }
-                Ok(Labels(out.into_boxed_slice()))
+                let mut text = String::new();
+                let mut ends = Vec::with_capacity(out.len());
+                for (k, v) in &out {
+                    text.push_str(k);
+                    let key_end = text.len();
+                    text.push_str(v);
+                    if text.len() > u32::MAX as usize {
+                        return Err(de::Error::custom("labels too large"));
+                    }
+                    ends.push((key_end as u32, text.len() as u32));
+                }
+                Ok(Labels {
+                    text: text.into_boxed_str(),
+                    ends: ends.into_boxed_slice(),
+                })
             }
         }
         d.deserialize_map(V)
@@ -741,6 +794,16 @@ mod tests {
 
     fn parse(s: &str, schema: Schema) -> Result<Object> {
         Object::parse(Bytes::copy_from_slice(s.as_bytes()), schema)
+    }
+
+    #[test]
+    fn an_object_stays_small() {
+        // Held once per cached object beside its bytes: a regression guard on its layout.
+        assert!(
+            std::mem::size_of::<Object>() <= 128,
+            "{}",
+            std::mem::size_of::<Object>()
+        );
     }
 
     #[test]
