@@ -290,6 +290,7 @@ impl CachedObject {
     fn on_listed(&mut self, items: Vec<Object>, rv: u64) {
         let before_objects = self.store.len();
         let before_window = self.window.len();
+        let large = items.len() >= LARGE_LIST;
         let mut items = Some(items);
         self.step(Input::Listed { rv }, |this, effect| match effect {
             Effect::Init { rv } => {
@@ -308,6 +309,11 @@ impl CachedObject {
             _ => {}
         });
         self.account(before_objects, before_window);
+        if large {
+            // The list's vector and the objects it replaced are freed: return the holes.
+            drop(items);
+            crate::memory::release_freed();
+        }
     }
 
     /// The key missed events. Their net effect enters the window as events at the
@@ -719,6 +725,9 @@ impl CachedObject {
         }
     }
 }
+
+/// A list of at least this many objects leaves enough freed memory behind to trim.
+const LARGE_LIST: usize = 10_000;
 
 /// How much longer than a read of a future RV a watch waits for its backfill: the
 /// replay's upstream watch runs up to three seconds.

@@ -17,6 +17,7 @@ pub mod config;
 pub mod core;
 pub mod fleet;
 pub mod listener;
+pub mod memory;
 pub mod metrics;
 pub mod registry;
 pub mod source;

@@ -479,10 +479,12 @@ impl Reader {
         let mut splitter = ListSplitter::new(MAX_EVENT_LINE);
         let mut raw = Vec::new();
         let mut items = Vec::new();
+        let mut read = 0;
         while let Some(frame) = body.frame().await {
             let Ok(data) = frame.map_err(failed)?.into_data() else {
                 continue;
             };
+            read += data.len();
             splitter
                 .push(data, &mut raw)
                 .map_err(|e| unreadable(object::Error::List(e.to_string())))?;
@@ -492,9 +494,14 @@ impl Reader {
                 items.push(o);
             }
         }
+        drop(body);
         let rv = splitter
             .finish()
             .map_err(|e| unreadable(object::Error::List(e.to_string())))?;
+        if read > crate::memory::TRIM_AFTER_BYTES {
+            // The frames are gone, the objects stay: return the holes they left.
+            crate::memory::release_freed();
+        }
         let rv = rv.ok_or_else(|| Error::NoResourceVersion {
             key: self.key.to_string(),
         })?;
