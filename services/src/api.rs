@@ -515,7 +515,7 @@ fn list_response(head: Bytes, items: Vec<Arc<Object>>) -> HttpResponse {
         items: items.into_iter(),
         writer: Some(object::ListWriter::new(LIST_CHUNK)),
     };
-    let stream = futures::stream::unfold(st, |mut st| async move {
+    let stream = futures::stream::unfold(st, move |mut st| async move {
         if let Some(head) = st.head.take() {
             return Some((Ok::<_, std::convert::Infallible>(head), st));
         }
@@ -526,6 +526,10 @@ fn list_response(head: Bytes, items: Vec<Arc<Object>>) -> HttpResponse {
             }
         }
         let last = st.writer.take()?.finish();
+        if len > kcache_actors::memory::TRIM_AFTER_BYTES {
+            // The chunks written so far are freed: return the holes they left.
+            kcache_actors::memory::release_freed();
+        }
         Some((Ok(last), st))
     });
     HttpResponse::Ok()

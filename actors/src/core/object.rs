@@ -777,7 +777,14 @@ impl ListWriter {
         }
         self.first = false;
         self.buf.put_slice(json);
-        (self.buf.len() >= self.chunk).then(|| self.buf.split().freeze())
+        if self.buf.len() < self.chunk {
+            return None;
+        }
+        let full = self.buf.split().freeze();
+        // The next chunk in one allocation of its final size, not one grown by doubling
+        // from nothing (a 140 MB list would leave a trail of every size in the heap).
+        self.buf.reserve(self.chunk + json.len());
+        Some(full)
     }
 
     /// The rest, ending the list.
