@@ -1016,7 +1016,7 @@ impl KeyTask {
                     }
                 },
                 Output::Snapshot(stamp, (_, body)) => match object::parse_list(
-                    &body,
+                    body,
                     self.schema(),
                     &self.key.resource.kind,
                     &self.key.resource.api_version(),

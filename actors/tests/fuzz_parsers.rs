@@ -202,7 +202,7 @@ proptest! {
                 let _ = Object::parse(Bytes::copy_from_slice(input), schema);
                 let _ = Object::parse_copy(input, schema, "K", "v1");
                 let _ = object::parse_line(input, schema);
-                let _ = object::parse_list(input, schema, "K", "v1");
+                let _ = object::parse_list(Bytes::copy_from_slice(input), schema, "K", "v1");
             }
         }
     }

@@ -25,6 +25,8 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::core::list_stream::ListSplitter;
+
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum Error {
     /// Not JSON, not a JSON object, a duplicated or mistyped header field.
@@ -699,39 +701,24 @@ pub fn parse_line(line: &[u8], schema: Schema) -> Result<WireEvent> {
     Ok(WireEvent::Object { kind, object })
 }
 
-#[derive(DeriveDeserialize)]
-struct ListDoc<'a> {
-    #[serde(borrow, default)]
-    metadata: Option<Obj<ListMeta<'a>>>,
-    #[serde(borrow, default)]
-    items: Option<Vec<&'a RawValue>>,
-}
-
-#[derive(DeriveDeserialize)]
-struct ListMeta<'a> {
-    #[serde(rename = "resourceVersion", borrow, default)]
-    resource_version: Option<Cow<'a, str>>,
-}
-
-/// Reads a list body: its items (each copied out, with `kind` and `apiVersion` added
-/// when missing) and `metadata.resourceVersion` (`None` when missing or not a number).
+/// Reads a whole list body (a fleet snapshot): its items (each copied out, with `kind`
+/// and `apiVersion` added when missing) and `metadata.resourceVersion` (`None` when
+/// missing or not a number). The same splitter as an upstream list read as it arrives
+/// (`core::list_stream`), fed the body as one frame.
 pub fn parse_list(
-    body: &[u8],
+    body: Bytes,
     schema: Schema,
     kind: &str,
     api_version: &str,
 ) -> Result<(Vec<Object>, Option<u64>)> {
-    let Obj::<ListDoc>(doc) =
-        serde_json::from_slice(body).map_err(|e| Error::List(e.to_string()))?;
-    let rv = doc
-        .metadata
-        .and_then(|m| m.0.resource_version)
-        .and_then(|s| s.parse().ok());
-    let items = doc
-        .items
-        .unwrap_or_default()
-        .into_iter()
-        .map(|raw| Object::parse_copy(raw.get().as_bytes(), schema, kind, api_version))
+    let mut splitter = ListSplitter::new(body.len().max(1));
+    let mut raw = Vec::new();
+    let list_error = |e: crate::core::list_stream::Error| Error::List(e.to_string());
+    splitter.push(body, &mut raw).map_err(list_error)?;
+    let rv = splitter.finish().map_err(list_error)?;
+    let items = raw
+        .iter()
+        .map(|item| Object::parse_copy(item, schema, kind, api_version))
         .collect::<Result<Vec<_>>>()?;
     Ok((items, rv))
 }
@@ -984,7 +971,13 @@ mod tests {
     #[test]
     fn list_items_get_kind_and_api_version() {
         let body = br#"{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"resourceVersion":"9"},"items":[{"metadata":{"name":"a","namespace":"n","resourceVersion":"3"},"data":{"k":"v"}},{},{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"b"}}]}"#;
-        let (items, rv) = parse_list(body, Schema::ConfigMap, "ConfigMap", "v1").unwrap();
+        let (items, rv) = parse_list(
+            Bytes::from_static(body),
+            Schema::ConfigMap,
+            "ConfigMap",
+            "v1",
+        )
+        .unwrap();
         assert_eq!(rv, Some(9));
         assert_eq!(
             items[0].json().as_ref(),
@@ -1006,9 +999,15 @@ mod tests {
         );
         assert_eq!(moved.rv(), 12);
         for bad in [&br#"{"items":[1]}"#[..], b"{", br#"{"items":{}}"#] {
-            assert!(parse_list(bad, Schema::Generic, "X", "v1").is_err());
+            assert!(parse_list(Bytes::from_static(bad), Schema::Generic, "X", "v1").is_err());
         }
-        let (none, rv) = parse_list(br#"{"metadata":{}}"#, Schema::Generic, "X", "v1").unwrap();
+        let (none, rv) = parse_list(
+            Bytes::from_static(br#"{"metadata":{}}"#),
+            Schema::Generic,
+            "X",
+            "v1",
+        )
+        .unwrap();
         assert!(none.is_empty() && rv.is_none());
     }
 
