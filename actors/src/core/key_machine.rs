@@ -116,7 +116,7 @@ impl KeyMachine {
         self.synced && self.progress >= min_rv
     }
 
-    /// The waits still pending, by id (the caller's stop fails them all).
+    /// Ends every pending wait, returning their ids in order.
     pub fn take_waits(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.waits).into_keys().collect()
     }
