@@ -319,9 +319,9 @@ impl Object {
     /// Rebinds the object to `line`, a line [`Object::line`] made of it, so the two share
     /// one allocation (the event's line and the stored object are the same bytes).
     pub fn share_line(&mut self, line: &Bytes, prefix_len: usize) {
-        let end = line.len() - LINE_SUFFIX.len();
-        if line.len() >= prefix_len + LINE_SUFFIX.len() && line[prefix_len..end] == self.json[..] {
-            self.json = line.slice(prefix_len..end);
+        // `line` was framed from these bytes: its length is enough to find them again.
+        if line.len() == prefix_len + self.json.len() + LINE_SUFFIX.len() {
+            self.json = line.slice(prefix_len..line.len() - LINE_SUFFIX.len());
         }
     }
 }
