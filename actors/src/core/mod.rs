@@ -16,6 +16,7 @@ pub mod lines;
 pub mod list_stream;
 pub mod mirror;
 pub mod object;
+pub mod proto;
 pub mod relist;
 pub mod rv;
 pub mod seal;
