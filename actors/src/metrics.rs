@@ -21,6 +21,7 @@ pub const PROBES: &str = "kcache_upstream_probes_total";
 pub const WINDOW_BACKFILLS: &str = "kcache_window_backfills_total";
 pub const KEYS_REFUSED: &str = "kcache_keys_refused_total";
 pub const CACHE_BYPASSED: &str = "kcache_cache_bypassed_total";
+pub const PROTOBUF_UNENCODABLE: &str = "kcache_protobuf_unencodable_total";
 
 /// `kcache_watch_event_delivery_seconds` samples the events whose `seq` is a multiple of
 /// this, for every watcher they reach: a per-delivery sample is a per-watcher cost on the
@@ -100,7 +101,11 @@ pub fn describe() {
     );
     describe_counter!(
         CACHE_BYPASSED,
-        "GETs of cached resources proxied because kcache cannot answer them as the API server would, by reason (query, accept, selector, name, rv, key_budget, not_ready)."
+        "GETs of cached resources proxied because kcache cannot answer them as the API server would, by reason (query, accept, selector, name, rv, key_budget, not_ready, protobuf)."
+    );
+    describe_counter!(
+        PROTOBUF_UNENCODABLE,
+        "Protobuf answers kcache could not make because an object has a field its schema (Kubernetes v1.20.2) lacks: gets and lists proxied, watches ended with an error; the resource is served as JSON from then on."
     );
 }
 

@@ -21,12 +21,13 @@ use serde_json::json;
 
 use crate::body;
 use crate::cached_object::{self, CachedObject};
-use crate::core::bookmark::bookmark_line;
+use crate::core::bookmark::{bookmark_line, bookmark_object};
 use crate::core::event::{encode_line, encode_value_line, StoreEvent, BACKFILLED_SEQ};
 use crate::core::filter::{convert, Conversion, EventType, Filter};
-use crate::core::key::Key;
+use crate::core::key::{Key, ResourceType};
 use crate::core::key_machine::Cursor;
 use crate::core::object::Object;
+use crate::core::proto::Codec;
 use crate::core::rv::WatchPlan;
 use crate::metrics as m;
 use crate::registry::{Registry, Release};
@@ -36,20 +37,59 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Encodes one object event as a watch line.
 pub type EncodeFn = dyn Fn(EventType, &Object) -> Bytes + Send + Sync;
 
-/// How a watcher writes an object event. JSON shares the key's pre-encoded line; other
-/// encodings (the HTTP layer's `as=Table`) encode per watcher.
+/// How a watcher writes its events. JSON shares the key's pre-encoded line and protobuf
+/// the event's frame, made once for all its protobuf watchers; other encodings (the HTTP
+/// layer's `as=Table`) encode per watcher.
 #[derive(Clone)]
 pub enum Encoder {
     Json,
+    /// Length-prefixed protobuf frames (`core::proto`).
+    Protobuf(Arc<Codec>),
     Custom(Arc<EncodeFn>),
 }
 
 impl Encoder {
-    fn encode(&self, kind: EventType, obj: &Object) -> Bytes {
+    /// An event of `obj` as `kind`; `None` when the object has no form in this encoding.
+    fn encode(&self, kind: EventType, obj: &Object) -> Option<Bytes> {
         match self {
-            Encoder::Json => encode_line(kind, obj),
-            Encoder::Custom(f) => f(kind, obj),
+            Encoder::Json => Some(encode_line(kind, obj)),
+            Encoder::Protobuf(c) => obj.proto(c).map(|m| c.event(kind.as_str(), &m)),
+            Encoder::Custom(f) => Some(f(kind, obj)),
         }
+    }
+
+    /// `ev` as the key saw it, shared with every watcher of this encoding where it can be.
+    fn shared(&self, ev: &StoreEvent) -> Option<Bytes> {
+        match self {
+            Encoder::Json => Some(ev.line.clone()),
+            Encoder::Protobuf(c) => ev.proto_frame(c),
+            Encoder::Custom(f) => Some(f(ev.kind, &ev.object)),
+        }
+    }
+
+    fn bookmark(&self, resource: &ResourceType, rv: u64, initial_events_end: bool) -> Bytes {
+        match self {
+            Encoder::Protobuf(c) => c
+                .bookmark(&bookmark_object(resource, rv, initial_events_end))
+                // A bookmark is the kind's metadata only, which every schema has.
+                .unwrap_or_default(),
+            _ => bookmark_line(resource, rv, initial_events_end),
+        }
+    }
+
+    /// An in-stream `ERROR` event carrying a Kubernetes `Status`.
+    fn error(&self, code: u16, reason: &str, message: &str) -> Bytes {
+        let status = status(code, reason, message);
+        match self {
+            Encoder::Protobuf(c) => c.error(&status).unwrap_or_default(),
+            _ => encode_value_line("ERROR", &status),
+        }
+    }
+
+    /// Whether a bare newline may keep the connection busy: not between length-prefixed
+    /// frames, where it would be read as a frame's length (the API server sends none).
+    fn keepalives(&self) -> bool {
+        !matches!(self, Encoder::Protobuf(_))
     }
 }
 
@@ -181,12 +221,9 @@ impl Watcher {
         let line = match convert(&self.spec.filter, ev.kind, &ev.object, ev.prev.as_deref()) {
             None => return false,
             Some(Conversion::Send {
-                kind,
                 same_as_source: true,
-            }) if matches!(self.spec.encoder, Encoder::Json) => {
-                let _ = kind;
-                ev.line.clone()
-            }
+                ..
+            }) => self.spec.encoder.shared(ev),
             Some(Conversion::Send { kind, .. }) => self.spec.encoder.encode(kind, &ev.object),
             Some(Conversion::DeletedPrev) => match &ev.prev {
                 Some(prev) => self
@@ -195,6 +232,10 @@ impl Watcher {
                     .encode(EventType::Deleted, &prev.with_rv(ev.rv)),
                 None => return false,
             },
+        };
+        let Some(line) = line else {
+            self.unencodable(ctx);
+            return false;
         };
         let pushed = self.push(line, ctx);
         if pushed {
@@ -228,8 +269,15 @@ impl Watcher {
             }
             match self.backlog.pop_front() {
                 Some(Item::Object(obj)) if self.spec.filter.matches(&obj) => {
-                    let line = self.spec.encoder.encode(EventType::Added, &obj);
-                    self.push(line, ctx);
+                    match self.spec.encoder.encode(EventType::Added, &obj) {
+                        Some(line) => {
+                            self.push(line, ctx);
+                        }
+                        None => {
+                            self.unencodable(ctx);
+                            return;
+                        }
+                    }
                 }
                 Some(Item::Object(_)) => {}
                 Some(Item::EndBookmark(rv)) => self.bookmark(rv, true, ctx),
@@ -258,6 +306,21 @@ impl Watcher {
         }
     }
 
+    /// An object this watch's encoding cannot express (protobuf, and a field the schema
+    /// lacks): the watch ends with an error rather than send the object without it. The
+    /// resource is then served as JSON (`Codec::refuse`), so the client's next list and
+    /// watch get every field.
+    fn unencodable(&mut self, ctx: &mut Context<Self>) {
+        metrics::counter!(m::PROTOBUF_UNENCODABLE, "group" => self.spec.key.resource.group.clone(), "resource" => self.spec.key.resource.resource.clone())
+            .increment(1);
+        let line = self.spec.encoder.error(
+            500,
+            "InternalError",
+            "kcache cannot encode an object of this resource as protobuf; list again",
+        );
+        self.finish_with(line, ctx);
+    }
+
     /// Ends the watch with one in-stream error line, written after what is queued.
     fn finish_with(&mut self, line: Bytes, ctx: &mut Context<Self>) {
         self.backlog.clear();
@@ -268,16 +331,23 @@ impl Watcher {
     fn bookmark(&mut self, rv: u64, initial_events_end: bool, ctx: &mut Context<Self>) {
         // Never below what the client already has; equal is allowed (as the seed does).
         let rv = self.cursor.bookmark_rv(rv);
-        let line = bookmark_line(&self.spec.key.resource, rv, initial_events_end);
+        let line = self
+            .spec
+            .encoder
+            .bookmark(&self.spec.key.resource, rv, initial_events_end);
         if self.push(line, ctx) {
             self.cursor.sent(rv);
         }
     }
 }
 
-/// An in-stream `ERROR` event carrying a Kubernetes `Status`.
+/// An in-stream `ERROR` event carrying a Kubernetes `Status`, as JSON.
 pub fn error_line(code: u16, reason: &str, message: &str) -> Bytes {
-    let status = json!({
+    encode_value_line("ERROR", &status(code, reason, message))
+}
+
+fn status(code: u16, reason: &str, message: &str) -> serde_json::Value {
+    json!({
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
@@ -285,8 +355,7 @@ pub fn error_line(code: u16, reason: &str, message: &str) -> Bytes {
         "message": message,
         "reason": reason,
         "code": code,
-    });
-    encode_value_line("ERROR", &status)
+    })
 }
 
 impl Actor for Watcher {
@@ -377,7 +446,10 @@ impl StreamHandler<Tick> for Watcher {
             Tick::Keepalive => {
                 // A full queue has bytes on their way already; a keepalive there would be
                 // taken for a client that stopped reading.
-                if self.last_write.elapsed() >= self.spec.keepalive && self.spec.body.room() > 0 {
+                if self.last_write.elapsed() >= self.spec.keepalive
+                    && self.spec.body.room() > 0
+                    && self.spec.encoder.keepalives()
+                {
                     self.push(Bytes::from_static(b"\n"), ctx);
                 }
             }
@@ -500,7 +572,8 @@ impl Handler<Expired> for Watcher {
             "too old resource version: {} ({})",
             msg.requested, msg.oldest
         );
-        self.finish_with(error_line(410, "Expired", &message), ctx);
+        let line = self.spec.encoder.error(410, "Expired", &message);
+        self.finish_with(line, ctx);
     }
 }
 
@@ -513,7 +586,11 @@ impl Handler<Failed> for Watcher {
             cached_object::Error::NotSynced { .. } => (503, "ServiceUnavailable"),
             cached_object::Error::Stopping { .. } => (503, "ServiceUnavailable"),
         };
-        self.finish_with(error_line(code, reason, &msg.error.to_string()), ctx);
+        let line = self
+            .spec
+            .encoder
+            .error(code, reason, &msg.error.to_string());
+        self.finish_with(line, ctx);
     }
 }
 

@@ -31,6 +31,15 @@ use crate::request::{is_keyable_name, parse_path, parse_query, Query, ResourcePa
 use crate::request_metrics::{self, ServedBy};
 use crate::status::ApiError;
 use crate::table::{self, IncludeObject, Negotiated, TableVersion};
+use kcache_actors::core::proto::{self, Codec};
+
+/// The encoding a cache-served answer is written in, from the request's Accept header.
+enum Format {
+    Json,
+    Table(TableVersion),
+    /// A built-in kind, as protobuf.
+    Protobuf(Arc<Codec>),
+}
 
 /// Shared by every HTTP worker.
 pub struct ApiState {
@@ -111,15 +120,22 @@ async fn serve_or_proxy(
                     .get("accept")
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("");
-                let table = match (q.opaque, table::negotiate(accept)) {
+                // Built once per request: the kind's protobuf forms, if it has any.
+                let codec = Codec::for_kind(&resource.group, &resource.version, &resource.kind);
+                let format = match (q.opaque, table::negotiate(accept, codec.is_some())) {
                     (true, _) => Err("query"),
                     (false, Negotiated::Forward) => Err("accept"),
-                    (false, Negotiated::Json) => Ok(None),
-                    (false, Negotiated::Table(v)) => Ok(Some(v)),
+                    (false, Negotiated::Json) => Ok(Format::Json),
+                    (false, Negotiated::Table(v)) => Ok(Format::Table(v)),
+                    (false, Negotiated::Protobuf) => match codec {
+                        Some(c) => Ok(Format::Protobuf(Arc::new(c))),
+                        None => Err("accept"),
+                    },
                 };
-                match table {
-                    Ok(table) => {
-                        match serve_or_forward(req, state, &rp, &q, table, resource, received).await
+                match format {
+                    Ok(format) => {
+                        match serve_or_forward(req, state, &rp, &q, format, resource, received)
+                            .await
                         {
                             Ok(None) => {}
                             Ok(Some(r)) => return (ServedBy::Cache, Ok(r)),
@@ -158,7 +174,7 @@ async fn serve_or_forward(
     state: &ApiState,
     rp: &ResourcePath,
     q: &Query,
-    table: Option<TableVersion>,
+    format: Format,
     resource: Arc<ResourceType>,
     received: SystemTime,
 ) -> Result<Option<HttpResponse>, ApiError> {
@@ -167,7 +183,7 @@ async fn serve_or_forward(
     let decision = check(state, &user, &attrs).await;
     let served = match &decision {
         Err(e) => Err(e.clone()),
-        Ok(()) => serve_cached(state, rp, q, &user, table, resource.clone()).await,
+        Ok(()) => serve_cached(state, rp, q, &user, format, resource.clone()).await,
     };
     if !matches!(served, Ok(Served::Forward(_))) {
         let (allowed, reason) = match &decision {
@@ -313,18 +329,18 @@ async fn serve_cached(
     rp: &ResourcePath,
     q: &Query,
     user: &UserInfo,
-    table: Option<TableVersion>,
+    format: Format,
     resource: Arc<ResourceType>,
 ) -> Result<Served, ApiError> {
     // Only a Table reads includeObject; any other answer ignores it, as upstream.
-    let include = match table {
-        Some(_) => IncludeObject::parse(q.include_object.as_deref())
+    let include = match format {
+        Format::Table(_) => IncludeObject::parse(q.include_object.as_deref())
             .map_err(|e| ApiError::bad_request(e.to_string()))?,
-        None => IncludeObject::default(),
+        _ => IncludeObject::default(),
     };
     let namespace = rp.namespace.as_deref().filter(|_| resource.namespaced);
     let Some(name) = &rp.name else {
-        return list_or_watch(state, q, user, table, include, namespace, resource).await;
+        return list_or_watch(state, q, user, format, include, namespace, resource).await;
     };
     // A GET by name decodes only `resourceVersion` (GetOptions): selectors, limits, watch
     // and resourceVersionMatch are ignored, as upstream.
@@ -354,13 +370,26 @@ async fn serve_cached(
             name,
         ));
     };
-    let Some(v) = table else {
+    let v = match format {
         // The object's bytes as the upstream sent them.
-        return Ok(Served::Response(
-            HttpResponse::Ok()
-                .content_type("application/json")
-                .body(obj.json().clone()),
-        ));
+        Format::Json => {
+            return Ok(Served::Response(
+                HttpResponse::Ok()
+                    .content_type("application/json")
+                    .body(obj.json().clone()),
+            ))
+        }
+        Format::Protobuf(codec) => {
+            let Some(msg) = obj.proto(&codec) else {
+                return Ok(Served::Forward("protobuf"));
+            };
+            return Ok(Served::Response(
+                HttpResponse::Ok()
+                    .content_type(proto::codec::CONTENT_TYPE)
+                    .body(codec.envelope(&msg)),
+            ));
+        }
+        Format::Table(v) => v,
     };
     let body = table::to_table(
         v,
@@ -418,7 +447,7 @@ async fn list_or_watch(
     state: &ApiState,
     q: &Query,
     user: &UserInfo,
-    table: Option<TableVersion>,
+    format: Format,
     include: IncludeObject,
     namespace: Option<&str>,
     resource: Arc<ResourceType>,
@@ -452,9 +481,11 @@ async fn list_or_watch(
     let filter = Filter::new(label, field);
     if q.watch() {
         let permit = state.watch_limits.admit(&user.username)?;
-        return watch(state, q, timeout, user, key, filter, table, include, permit)
-            .await
-            .map(Served::Response);
+        return watch(
+            state, q, timeout, user, key, filter, format, include, permit,
+        )
+        .await
+        .map(Served::Response);
     }
     let plan = plan_list(q.rv()?, q.rv_match()?, limit, q.continue_token.is_some())
         .map_err(ApiError::invalid_list_options)?;
@@ -470,13 +501,26 @@ async fn list_or_watch(
         .into_iter()
         .filter(|o| filter.matches(o))
         .collect();
-    let Some(v) = table else {
-        let head = object::list_head(
-            &format!("{}List", resource.kind),
-            &resource.api_version(),
-            snap.rv,
-        );
-        return Ok(Served::Response(list_response(head, items)));
+    let v = match format {
+        Format::Json => {
+            let head = object::list_head(
+                &format!("{}List", resource.kind),
+                &resource.api_version(),
+                snap.rv,
+            );
+            return Ok(Served::Response(list_response(head, items)));
+        }
+        Format::Protobuf(codec) => {
+            // Every item's message first: one the schema cannot express sends the whole
+            // list to the API server rather than leave a field out.
+            let Some(messages) = items.iter().map(|o| o.proto(&codec)).collect() else {
+                return Ok(Served::Forward("protobuf"));
+            };
+            return Ok(Served::Response(proto_list_response(
+                &codec, snap.rv, messages,
+            )));
+        }
+        Format::Table(v) => v,
     };
     let values: Vec<Value> = items.iter().map(|o| o.to_value()).collect();
     let body = table::to_table(
@@ -537,6 +581,54 @@ fn list_response(head: Bytes, items: Vec<Arc<Object>>) -> HttpResponse {
         .body(actix_web::body::SizedStream::new(len as u64, stream))
 }
 
+/// A protobuf list: the envelope's head, each item's field header and message, the tail;
+/// chunked as [`list_response`], with its length known up front.
+fn proto_list_response(codec: &Codec, rv: u64, messages: Vec<Bytes>) -> HttpResponse {
+    let (head, tail) = codec.list_head(rv, messages.iter().map(Bytes::len));
+    let len = head.len()
+        + messages
+            .iter()
+            .map(|m| {
+                let mut p = Vec::new();
+                proto::codec::item_prefix(m.len(), &mut p);
+                p.len() + m.len()
+            })
+            .sum::<usize>()
+        + tail.len();
+    // Written as it is produced: the messages are the objects' own (cached), and only one
+    // chunk of them is copied at a time.
+    struct St {
+        head: Option<Bytes>,
+        messages: std::vec::IntoIter<Bytes>,
+        tail: Option<Bytes>,
+    }
+    let st = St {
+        head: Some(head),
+        messages: messages.into_iter(),
+        tail: Some(tail),
+    };
+    let stream = futures::stream::unfold(st, |mut st| async move {
+        if let Some(head) = st.head.take() {
+            return Some((Ok::<_, std::convert::Infallible>(head), st));
+        }
+        let tail = st.tail.take()?;
+        let mut chunk: Vec<u8> = Vec::with_capacity(LIST_CHUNK);
+        for m in st.messages.by_ref() {
+            proto::codec::item_prefix(m.len(), &mut chunk);
+            chunk.extend_from_slice(&m);
+            if chunk.len() >= LIST_CHUNK {
+                st.tail = Some(tail);
+                return Some((Ok(Bytes::from(chunk)), st));
+            }
+        }
+        chunk.extend_from_slice(&tail);
+        Some((Ok(Bytes::from(chunk)), st))
+    });
+    HttpResponse::Ok()
+        .content_type(proto::codec::CONTENT_TYPE)
+        .body(actix_web::body::SizedStream::new(len as u64, stream))
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn watch(
     state: &ApiState,
@@ -545,7 +637,7 @@ async fn watch(
     user: &UserInfo,
     key: kcache_actors::core::key::Key,
     filter: Filter,
-    table: Option<TableVersion>,
+    format: Format,
     include: IncludeObject,
     permit: crate::limits::WatchPermit,
 ) -> Result<HttpResponse, ApiError> {
@@ -567,9 +659,14 @@ async fn watch(
         n if n < 0 => Duration::ZERO,
         n => Duration::from_nanos(n.unsigned_abs()),
     };
-    let encoder = match table {
-        None => Encoder::Json,
-        Some(version) => {
+    let content_type = match format {
+        Format::Protobuf(_) => proto::codec::WATCH_CONTENT_TYPE,
+        _ => "application/json",
+    };
+    let encoder = match format {
+        Format::Json => Encoder::Json,
+        Format::Protobuf(codec) => Encoder::Protobuf(codec),
+        Format::Table(version) => {
             let resource = key.resource.clone();
             Encoder::Custom(Arc::new(move |kind: EventType, obj: &Object| -> Bytes {
                 let t = table::to_table(
@@ -617,7 +714,7 @@ async fn watch(
         permit: Some(Box::new(permit)),
     }));
     let mut res = HttpResponse::Ok()
-        .content_type("application/json")
+        .content_type(content_type)
         .insert_header(("Cache-Control", "no-cache, private"))
         .streaming(rx);
     compact_headers(res.headers_mut());

@@ -166,18 +166,21 @@ pub enum Negotiated {
     Json,
     /// A Table, as JSON.
     Table(TableVersion),
+    /// Protobuf (`application/vnd.kubernetes.protobuf`), for a built-in kind.
+    Protobuf,
     /// The API server would answer with something kcache does not produce: proxy it.
     Forward,
 }
 
 /// Reads an Accept header as the API server negotiates one: the most preferred media range
-/// it can answer wins. kcache answers only when that is JSON or a Table. A preferred
-/// encoding kcache lacks (protobuf, YAML) is passed over for a later JSON range, since it
-/// would carry the same answer; anything else the API server may answer differently
+/// it can answer wins. kcache answers when that is JSON, a Table, or — for a built-in kind
+/// (`protobuf`) — protobuf. A preferred encoding kcache lacks (YAML; protobuf for a custom
+/// resource, as upstream) is passed over for a later JSON range, since it would carry the
+/// same answer; anything else the API server may answer differently
 /// (`as=PartialObjectMetadata`, any conversion or stream parameter kcache does not
 /// perform) sends the request upstream, as does a header with no JSON at all. A type the
 /// API server does not serve (`text/html`) is passed over, as it does.
-pub fn negotiate(accept: &str) -> Negotiated {
+pub fn negotiate(accept: &str, protobuf: bool) -> Negotiated {
     // A missing header means "anything"; the API server then answers with JSON.
     if accept.trim().is_empty() {
         return Negotiated::Json;
@@ -200,6 +203,17 @@ pub fn negotiate(accept: &str) -> Negotiated {
             );
         if !served_upstream {
             continue;
+        }
+        // Protobuf has a stream serializer too (length-prefixed frames); a conversion
+        // (`as=Table`…) is the API server's to answer.
+        if protobuf
+            && range.subtype == "vnd.kubernetes.protobuf"
+            && range
+                .params
+                .iter()
+                .all(|(k, v)| k == "charset" || (k == "stream" && (v.is_empty() || *v == "watch")))
+        {
+            return Negotiated::Protobuf;
         }
         let same_answer_encoded_otherwise =
             range.subtype != "json" && range.params.iter().all(|(k, _)| k == "charset");
@@ -1074,7 +1088,57 @@ mod tests {
             ("application/json;stream=other", Forward),
         ];
         for &(header, want) in cases {
-            assert_eq!(negotiate(header), want, "{header:?}");
+            assert_eq!(negotiate(header, false), want, "{header:?}");
+        }
+    }
+
+    #[test]
+    fn protobuf_for_built_in_kinds() {
+        use Negotiated::*;
+        let cases: &[(&str, Negotiated, Negotiated)] = &[
+            // (Accept, built-in kind, custom resource)
+            ("application/vnd.kubernetes.protobuf", Protobuf, Forward),
+            // client-go's default for protobuf clients.
+            (
+                "application/vnd.kubernetes.protobuf, application/json",
+                Protobuf,
+                Json,
+            ),
+            (
+                "application/vnd.kubernetes.protobuf;stream=watch",
+                Protobuf,
+                Forward,
+            ),
+            (
+                "application/json, application/vnd.kubernetes.protobuf",
+                Json,
+                Json,
+            ),
+            (
+                "application/vnd.kubernetes.protobuf;q=0.5, application/json",
+                Json,
+                Json,
+            ),
+            (
+                "application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io",
+                Forward,
+                Forward,
+            ),
+            (
+                "application/vnd.kubernetes.protobuf;stream=other",
+                Forward,
+                Forward,
+            ),
+            (
+                "application/vnd.kubernetes.protobuf;q=0, application/json",
+                Json,
+                Json,
+            ),
+            ("*/*", Json, Json),
+        ];
+        for &(header, builtin, custom) in cases {
+            assert_eq!(negotiate(header, true), builtin, "{header:?}");
+            assert_eq!(negotiate(header, false), custom, "{header:?}");
         }
     }
 

@@ -71,16 +71,28 @@ impl<Id> BookmarkTimer<Id> {
 /// A BOOKMARK watch line: an object of the key's kind carrying only the resourceVersion,
 /// plus the `k8s.io/initial-events-end` annotation when it closes the initial events.
 pub fn bookmark_line(resource: &ResourceType, rv: u64, initial_events_end: bool) -> Bytes {
+    encode_value_line(
+        "BOOKMARK",
+        &bookmark_object(resource, rv, initial_events_end),
+    )
+}
+
+/// A bookmark's object: the resource's kind carrying only the RV (and the end of initial
+/// events' annotation).
+pub fn bookmark_object(
+    resource: &ResourceType,
+    rv: u64,
+    initial_events_end: bool,
+) -> serde_json::Value {
     let mut metadata = json!({ "resourceVersion": rv.to_string() });
     if initial_events_end {
         metadata["annotations"] = json!({ "k8s.io/initial-events-end": "true" });
     }
-    let object = json!({
+    json!({
         "kind": resource.kind,
         "apiVersion": resource.api_version(),
         "metadata": metadata,
-    });
-    encode_value_line("BOOKMARK", &object)
+    })
 }
 
 #[cfg(test)]

@@ -1,13 +1,14 @@
 //! A watch event as the key's store saw it, with the previous object and its wire form
 //! encoded once (as the API server's `cachingObject`) and shared by every watcher.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use bytes::Bytes;
 
 pub use crate::core::filter::EventType;
 use crate::core::object::{Object, ADDED_PREFIX, DELETED_PREFIX, MODIFIED_PREFIX};
+use crate::core::proto::Codec;
 
 /// The `seq` of events a young key learned of after its list, from the upstream's replay
 /// (`core::backfill`): they precede every numbered event, sit at the window's front, and
@@ -30,6 +31,9 @@ pub struct StoreEvent {
     /// When this replica made the event (from the upstream watch, a relist or NATS): the
     /// start of `kcache_watch_event_delivery_seconds`.
     pub made: Instant,
+    /// The protobuf frame of the same event, made by the first protobuf watcher that
+    /// sends it and shared by the rest (`None`: the object has no protobuf form).
+    proto: OnceLock<Option<Bytes>>,
 }
 
 impl StoreEvent {
@@ -50,6 +54,7 @@ impl StoreEvent {
             prev,
             line,
             made: Instant::now(),
+            proto: OnceLock::new(),
         }
     }
 
@@ -72,7 +77,20 @@ impl StoreEvent {
             prev,
             line,
             made: Instant::now(),
+            proto: OnceLock::new(),
         }
+    }
+}
+
+impl StoreEvent {
+    /// This event's protobuf frame in `codec`'s resource, encoded once for all watchers.
+    pub fn proto_frame(&self, codec: &Codec) -> Option<Bytes> {
+        self.proto
+            .get_or_init(|| {
+                let msg = self.object.proto(codec)?;
+                Some(codec.event(self.kind.as_str(), &msg))
+            })
+            .clone()
     }
 }
 

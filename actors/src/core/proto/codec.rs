@@ -9,7 +9,6 @@
 //!   bare, the embedded encoder the object with its envelope).
 
 use bytes::{BufMut, Bytes, BytesMut};
-use serde_json::json;
 
 use super::encode::{encode, put_bytes, put_varint};
 use super::schema::{self, MsgId};
@@ -40,6 +39,9 @@ impl Codec {
     pub fn for_kind(group: &str, version: &str, kind: &str) -> Option<Self> {
         let schema = schema::builtin().ok()?;
         let msg = schema.kind(group, version, kind)?;
+        if schema.refused(msg) {
+            return None;
+        }
         schema.kind(group, version, &format!("{kind}List"))?;
         let status = schema.by_name("k8s.io.apimachinery.pkg.apis.meta.v1.Status")?;
         let api_version = if group.is_empty() {
@@ -83,10 +85,10 @@ impl Codec {
         frame(kind, &env)
     }
 
-    /// A `BOOKMARK` frame at `rv`: an empty object of the kind carrying only the RV.
-    pub fn bookmark(&self, rv: u64) -> Result<Bytes, Error> {
-        let obj = json!({ "metadata": { "resourceVersion": rv.to_string() } });
-        let msg = encode(self.schema, self.msg, obj.to_string().as_bytes())?;
+    /// A `BOOKMARK` frame of `object` (`core::bookmark::bookmark_object`: the kind
+    /// carrying only an RV).
+    pub fn bookmark(&self, object: &serde_json::Value) -> Result<Bytes, Error> {
+        let msg = encode(self.schema, self.msg, object.to_string().as_bytes())?;
         Ok(self.event("BOOKMARK", &msg))
     }
 
@@ -99,6 +101,11 @@ impl Codec {
         let mut env = Vec::with_capacity(msg.len() + 32);
         envelope_into(&mut env, &tm, &msg);
         Ok(frame("ERROR", &env))
+    }
+
+    /// Serve this kind as JSON from now on (one of its objects has no protobuf form).
+    pub fn refuse(&self) {
+        self.schema.refuse(self.msg);
     }
 
     pub fn api_version(&self) -> &str {
@@ -179,6 +186,7 @@ mod tests {
     use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
     use k8s_pb::apimachinery::pkg::runtime::Unknown;
     use prost::Message as _;
+    use serde_json::json;
 
     fn codec(g: &str, v: &str, k: &str) -> Codec {
         Codec::for_kind(g, v, k).expect("built-in kind")
@@ -324,12 +332,16 @@ mod tests {
         let cm = core::ConfigMap::decode(unk.raw.as_deref().unwrap()).unwrap();
         assert_eq!(cm.metadata.unwrap().resource_version.as_deref(), Some("7"));
 
-        let b = c.bookmark(99).unwrap();
+        let b = c
+            .bookmark(&json!({"kind":"ConfigMap","apiVersion":"v1","metadata":{"resourceVersion":"99","annotations":{"k8s.io/initial-events-end":"true"}}}))
+            .unwrap();
         let ev = meta::WatchEvent::decode(&b[4..]).unwrap();
         assert_eq!(ev.r#type.as_deref(), Some("BOOKMARK"));
         let unk = unwrap_envelope(&ev.object.unwrap().raw.unwrap());
         let cm = core::ConfigMap::decode(unk.raw.as_deref().unwrap()).unwrap();
-        assert_eq!(cm.metadata.unwrap().resource_version.as_deref(), Some("99"));
+        let m = cm.metadata.unwrap();
+        assert_eq!(m.resource_version.as_deref(), Some("99"));
+        assert_eq!(m.annotations["k8s.io/initial-events-end"], "true");
 
         let e = c
             .error(&json!({"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old","reason":"Expired","code":410}))

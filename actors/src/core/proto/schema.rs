@@ -8,6 +8,7 @@
 //! [`Special`] here and encoded by `encode`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::LazyLock;
 
 use super::Error;
@@ -107,6 +108,8 @@ pub struct Schema {
     by_name: HashMap<Box<str>, MsgId>,
     /// (group, version, kind) → message, for the packages that serve an API group.
     kinds: HashMap<Gvk, MsgId>,
+    /// Kinds an object of which could not be encoded: served as JSON from then on.
+    refused: Vec<AtomicBool>,
 }
 
 /// (group, version, kind).
@@ -135,6 +138,15 @@ impl Schema {
         self.kinds
             .get(&(Box::from(group), Box::from(version), Box::from(kind)))
             .copied()
+    }
+
+    /// Serve `id` as JSON from now on: one of its objects has no protobuf form here.
+    pub fn refuse(&self, id: MsgId) {
+        self.refused[id as usize].store(true, Ordering::Relaxed);
+    }
+
+    pub fn refused(&self, id: MsgId) -> bool {
+        self.refused[id as usize].load(Ordering::Relaxed)
     }
 
     pub fn parse(text: &str) -> Result<Self, Error> {
@@ -304,6 +316,7 @@ impl Schema {
             messages[i].keys = keys;
         }
         Ok(Schema {
+            refused: messages.iter().map(|_| AtomicBool::new(false)).collect(),
             messages,
             by_name,
             kinds,
