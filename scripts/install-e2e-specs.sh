@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Builds kcache's e2e spec runner: Kubernetes v1.20.2's own api-machinery e2e specs
 # (test/e2e/apimachinery) plus test/e2e/common (ConfigMap, Secret, ... specs), compiled
-# with our ginkgo entry point conformance/runner/ into one `go test -c` binary.
+# with our ginkgo entry point conformance/runner/ into one `go test -c` binary; and,
+# beside it, kcache-pb-informer (conformance/informer/): a client-go informer speaking
+# protobuf only, which services/tests/protobuf.rs runs.
 #
 # Source: the same patched Debian source tree scripts/install-kube-apiserver.sh builds
 # from (scripts/k8s-source.sh: Debian's `kubernetes` source package with reflect2 and
 # json-iterator swapped for Debian's newer packaged versions; without the swap binaries
 # built with Go >= 1.18 crash with "fatal error: fault").
 #
-# Idempotent: when PREFIX/bin/kcache-e2e.test and its stamp (PREFIX/bin/kcache-e2e.test.stamp,
-# which records a hash of conformance/runner/*) are present and the hash matches, it only
-# prints the binary's path. Editing conformance/runner/ makes the next call rebuild.
+# Idempotent: when PREFIX/bin/kcache-e2e.test, PREFIX/bin/kcache-pb-informer and the stamp
+# (PREFIX/bin/kcache-e2e.test.stamp, which records a hash of conformance/runner/* and
+# conformance/informer/*) are present and the hash matches, it only prints the runner's
+# path. Editing either folder makes the next call rebuild.
 # Build log: PREFIX/kcache-e2e.build.log (its tail is printed on failure).
 #
 # Usage: scripts/install-e2e-specs.sh [PREFIX]   (default $K8S_TESTENV or /opt/k8s-testenv)
@@ -18,14 +21,15 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 runner=$here/../conformance/runner
+informer=$here/../conformance/informer
 prefix=${1:-${K8S_TESTENV:-/opt/k8s-testenv}}
 bin=$prefix/bin
 out=$bin/kcache-e2e.test
 stamp=$out.stamp
 log=$prefix/kcache-e2e.build.log
 
-runner_hash=$(cd "$runner" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
-if [[ -x $out ]] && grep -qs "runner-sha256 $runner_hash" "$stamp"; then
+runner_hash=$(cd "$runner/.." && find runner informer -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+if [[ -x $out && -x $bin/kcache-pb-informer ]] && grep -qs "runner-sha256 $runner_hash" "$stamp"; then
   echo "$out"
   exit 0
 fi
@@ -46,6 +50,8 @@ trap 'rm -rf "$tmp"' EXIT
 tree=$(k8s_patched_source "$tmp")
 mkdir -p "$tree/test/e2e/kcache" "$tmp/home" "$tmp/gopath/src/k8s.io"
 cp "$runner"/* "$tree/test/e2e/kcache/"
+mkdir -p "$tree/test/kcache-pb-informer"
+cp "$informer"/* "$tree/test/kcache-pb-informer/"
 # GOPATH mode, as Kubernetes 1.20's own build does (hack/lib/init.sh: GO111MODULE=off):
 # in module mode Go >= 1.19 rejects this tree's go.mod ("updates to go.mod needed,
 # disabled by -mod=vendor"). vendor/ (staging repos are symlinks in it) supplies all deps.
@@ -58,7 +64,13 @@ if ! env HOME="$tmp/home" GOPATH="$tmp/gopath" GO111MODULE=off GOFLAGS= CGO_ENAB
   tail -40 "$log" >&2
   exit 1
 fi
+if ! env HOME="$tmp/home" GOPATH="$tmp/gopath" GO111MODULE=off GOFLAGS= CGO_ENABLED=0 \
+  go build -ldflags '-s -w' -o "$tmp/kcache-pb-informer" ./test/kcache-pb-informer >>"$log" 2>&1; then
+  tail -40 "$log" >&2
+  exit 1
+fi
 install -m 0755 "$tmp/kcache-e2e.test" "$out"
+install -m 0755 "$tmp/kcache-pb-informer" "$bin/kcache-pb-informer"
 echo "kcache-e2e.test: Kubernetes v1.20.2 test/e2e/{apimachinery,common} (Debian source), $(go env GOVERSION), reflect2 1.0.2, json-iterator 1.1.12, runner-sha256 $runner_hash" >"$stamp"
 echo "install-e2e-specs: built in $((SECONDS - start)) s" >&2
 echo "$out"

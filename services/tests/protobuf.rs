@@ -333,3 +333,99 @@ async fn protobuf_gets_lists_and_watches_match_the_api_server() {
     );
     assert!(cached >= 8.0, "cache-served requests: {cached}");
 }
+
+/// `kcache-pb-informer` (conformance/informer/, built by scripts/install-e2e-specs.sh):
+/// beside `KCACHE_E2E_TEST` when set, else beside the API server.
+fn informer_bin() -> std::path::PathBuf {
+    let path = std::env::var_os("KCACHE_E2E_TEST")
+        .map(std::path::PathBuf::from)
+        .and_then(|p| p.parent().map(|d| d.join("kcache-pb-informer")))
+        .unwrap_or_else(|| support::bin_dir().join("kcache-pb-informer"));
+    assert!(
+        path.is_file(),
+        "no kcache-pb-informer at {} (scripts/install-e2e-specs.sh builds it)",
+        path.display()
+    );
+    path
+}
+
+/// client-go itself, speaking protobuf only (as the kubelet and kube-proxy do): its
+/// informer syncs through kcache exactly as through the API server, every list and get
+/// it receives is protobuf on the wire (the envelope's magic, not just the header), its
+/// watch is a protobuf stream, and a write made after the sync reaches it by that watch.
+#[tokio::test]
+async fn a_client_go_protobuf_informer_syncs_through_kcache() {
+    use tokio::io::AsyncBufReadExt;
+    let bin = informer_bin();
+    let cluster = TestCluster::start().await;
+    let kc = Kcache::start(&cluster, "").await;
+    let client = cluster.kube_client().await;
+    create_namespace(&client, "inf").await;
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(client.clone(), "inf");
+    let cm = |name: &str, v: &str| -> k8s_openapi::api::core::v1::ConfigMap {
+        serde_json::from_value(json!({"metadata":{"name":name},"data":{"k":v}})).unwrap()
+    };
+    for i in 0..5 {
+        cms.create(&Default::default(), &cm(&format!("cm{i}"), "x"))
+            .await
+            .expect("create");
+    }
+    for (who, url, before) in [("the API server", &cluster.url, 5), ("kcache", &kc.url, 6)] {
+        let late = format!("late-{}", before);
+        let mut child = tokio::process::Command::new(&bin)
+            .args([
+                "--server",
+                url,
+                "--token",
+                ADMIN_TOKEN,
+                "--namespace",
+                "inf",
+            ])
+            .args(["--await", &late, "--timeout", "60s"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start kcache-pb-informer");
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("{who}: no sync in 60 s"))
+            .expect("read")
+            .unwrap_or_else(|| panic!("{who}: informer exited before syncing"));
+        assert_eq!(first, format!("synced {before}"), "{who}");
+        cms.create(&Default::default(), &cm(&late, "after-sync"))
+            .await
+            .expect("create");
+        let summary = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("{who}: the post-sync write did not arrive in 60 s"))
+            .expect("read")
+            .unwrap_or_else(|| panic!("{who}: informer exited without a summary"));
+        let status = child.wait().await.expect("wait");
+        assert!(status.success(), "{who}: {status}");
+        let v: serde_json::Value = serde_json::from_str(&summary).expect("summary JSON");
+        assert_eq!(v["objects"], before + 1, "{who}: {v}");
+        assert_eq!(v["awaited"], json!({"k": "after-sync"}), "{who}: {v}");
+        let responses = v["responses"].as_array().expect("responses");
+        let (watches, reads): (Vec<_>, Vec<_>) = responses.iter().partition(|r| r["watch"] == true);
+        assert!(!reads.is_empty() && !watches.is_empty(), "{who}: {v}");
+        for r in reads {
+            assert_eq!(r["status"], 200, "{who}: {r}");
+            assert_eq!(r["contentType"], PB, "{who}: {r}");
+            assert_eq!(r["magic"], true, "{who}: not protobuf on the wire: {r}");
+        }
+        for r in watches {
+            assert_eq!(
+                r["contentType"], "application/vnd.kubernetes.protobuf;stream=watch",
+                "{who}: {r}"
+            );
+        }
+    }
+    // The informer's list and watch were kcache's own answers, not the API server's.
+    let text = kc.metrics_text().await;
+    let proxied =
+        support::sum_samples_with_label(&text, "kcache_requests_total", "served", "proxy");
+    assert_eq!(proxied, 0.0, "{text}");
+}
