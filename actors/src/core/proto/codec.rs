@@ -419,4 +419,32 @@ mod tests {
         let cm = core::ConfigMap::decode(&msg[..]).unwrap();
         assert_eq!(cm.data["k"].len(), 70_000);
     }
+
+    proptest::proptest! {
+        /// Whatever the upstream sends, the encoder answers or refuses; it never panics.
+        #[test]
+        fn never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            let c = codec("", "v1", "Pod");
+            let _ = c.message(&bytes);
+        }
+
+        /// Any names, labels and data (escapes, unicode, long values) decode back as sent.
+        #[test]
+        fn strings_survive(
+            name in "\\PC{0,40}",
+            labels in proptest::collection::btree_map("\\PC{0,20}", "\\PC{0,20}", 0..5),
+            data in proptest::collection::btree_map("\\PC{0,20}", "\\PC{0,300}", 0..5),
+            gen in proptest::prelude::any::<i64>(),
+        ) {
+            let c = codec("", "v1", "ConfigMap");
+            let json = json!({"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":name,"labels":labels,"generation":gen},"data":data});
+            let msg = c.message(json.to_string().as_bytes()).unwrap();
+            let cm = core::ConfigMap::decode(&msg[..]).unwrap();
+            let m = cm.metadata.unwrap();
+            proptest::prop_assert_eq!(m.name.unwrap_or_default(), name);
+            proptest::prop_assert_eq!(m.generation, Some(gen));
+            proptest::prop_assert_eq!(m.labels, labels);
+            proptest::prop_assert_eq!(cm.data, data);
+        }
+    }
 }

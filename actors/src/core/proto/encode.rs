@@ -12,6 +12,7 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
+use smallvec::SmallVec;
 
 use super::schema::{Field, Label, Message, MsgId, Scalar, Schema, Slot, Special, Ty};
 use super::Error;
@@ -49,16 +50,22 @@ fn begin_len(out: &mut Vec<u8>, number: u32) -> usize {
 /// needs more than the one byte reserved.
 fn end_len(out: &mut Vec<u8>, body: usize) {
     let len = out.len() - body;
-    let mut v = Vec::with_capacity(10);
-    put_varint(&mut v, len as u64);
-    if v.len() == 1 {
+    let (mut v, mut n, mut x) = ([0u8; 10], 0, len as u64);
+    while x >= 0x80 {
+        v[n] = (x as u8) | 0x80;
+        x >>= 7;
+        n += 1;
+    }
+    v[n] = x as u8;
+    n += 1;
+    if n == 1 {
         out[body - 1] = v[0];
         return;
     }
-    let extra = v.len() - 1;
+    let extra = n - 1;
     out.resize(out.len() + extra, 0);
     out.copy_within(body..body + len, body + extra);
-    out[body - 1..body - 1 + v.len()].copy_from_slice(&v);
+    out[body - 1..body - 1 + n].copy_from_slice(&v[..n]);
 }
 
 /// The protobuf encoding of `json` (one object of message `msg`), without the envelope.
@@ -118,7 +125,7 @@ impl<'de> Visitor<'de> for MessageSeed<'_> {
         let body = number.map(|n| begin_len(out, n));
         let base = out.len();
         // (field number, start) of each field written, to put them in number order.
-        let mut segments: Vec<(u32, usize)> = Vec::new();
+        let mut segments: SmallVec<[(u32, usize); 16]> = SmallVec::new();
         let mut inline: Vec<(u16, Vec<u8>)> = Vec::new();
         while let Some(key) = map.next_key_seed(KeySeed)? {
             match msg.slot(&key) {
