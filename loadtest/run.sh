@@ -5,7 +5,7 @@
 # <results>/<scenario>-<date>.json plus <scenario>-<date>-latency-cdf.png and -rss.png,
 # and stops everything it started.
 #
-#   loadtest/run.sh [--scenario kubelet|informer|slow|scale|objects|kubeproxy] [other kcache-bench flags]
+#   loadtest/run.sh [--scenario kubelet|informer|slow|scale|objects|kubeproxy|restart] [other kcache-bench flags]
 #   loadtest/run.sh --scenario kubelet --nodes 10 --watches-per-node 49   # a small run
 #
 # The standard benchmark (scenarios 1-3) and scenario 4: loadtest/standard.sh.
@@ -51,6 +51,11 @@ eval "$(scripts/start-test-cluster.sh "$bin")"
 kpid=
 cleanup() {
   local status=$?
+  # The restart scenario kills the API server and starts another (restart-apiserver.sh,
+  # written by start-test-cluster.sh): stop the one running now, not the first one.
+  if [[ -s $KUBE_DIR/apiserver.pid ]]; then
+    KUBE_PIDS="$(<"$KUBE_DIR/apiserver.pid") ${KUBE_PIDS##* }"
+  fi
   # A KCACHE_BENCH_WRAP wrapper's child is kcache itself.
   [[ -n $kpid ]] && { pkill -TERM -P "$kpid" 2>/dev/null || true; }
   # shellcheck disable=SC2086
@@ -76,6 +81,11 @@ apid=${KUBE_PIDS%% *}
 epid=${KUBE_PIDS##* }
 
 kcache_args=()
+bench_args=()
+if [[ $scenario == restart ]]; then
+  # Kills -9 and restarts the API server (same flags, port, etcd, CPUs); prints the new pid.
+  bench_args=(--apiserver-restart-cmd "$KUBE_DIR/restart-apiserver.sh")
+fi
 if [[ $scenario == scale ]]; then
   # 50,000 watches of one user (the bench token) exceed kcache's default per-user cap.
   printf '[server]\nmax_watches = 0\nmax_watches_per_user = 0\n' >"$KUBE_DIR/kcache-bench.toml"
@@ -127,4 +137,5 @@ mkdir -p "$results"
 out=()
 [[ $own_out ]] || out=(--out "$results/$scenario-$(date -u +%Y%m%dT%H%M%SZ).json")
 "${pin_gen[@]}" "$release/kcache-bench" --apiserver "$KUBE_URL" --apiserver-pid "$apid" \
-  --kcache "https://127.0.0.1:$port" --kcache-pid "$kpid" --pinning "$pinning" "${out[@]}" "$@"
+  --kcache "https://127.0.0.1:$port" --kcache-pid "$kpid" --pinning "$pinning" "${out[@]}" \
+  "${bench_args[@]}" "$@"

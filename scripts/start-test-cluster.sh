@@ -18,6 +18,12 @@
 # $KUBE_DIR/kubeconfig: current context uses admintoken; context "test-cert" uses the
 # admin client certificate. Both skip server certificate verification.
 # Logs: $KUBE_DIR/etcd.log, $KUBE_DIR/apiserver.log.
+#
+# $KUBE_DIR/restart-apiserver.sh kills the API server with SIGKILL and starts it again
+# with the same command line (flags, port, etcd, certificates) on the same CPUs, etcd
+# staying up; it prints the new pid and keeps the current one in $KUBE_DIR/apiserver.pid
+# (after a restart, the API server's pid in KUBE_PIDS is stale: stop that one instead).
+# For benchmarks of what clients do when the API server dies (loadtest --scenario restart).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=${1:-$("$here/install-kube-apiserver.sh" | tail -1)}
@@ -78,19 +84,23 @@ done
 [[ $ready ]] || fail "etcd did not become healthy" etcd.log
 
 # --- kube-apiserver -----------------------------------------------------------------
-"$bin/kube-apiserver" \
-  --etcd-servers="http://127.0.0.1:$etcd_port" \
-  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
-  --cert-dir="$dir/certs" \
-  --token-auth-file="$dir/tokens.csv" \
-  --client-ca-file="$pki/ca.crt" \
-  --authorization-mode=Node,RBAC \
-  --service-account-issuer=https://kubernetes.default.svc \
-  --service-account-key-file="$dir/sa.pub" \
-  --service-account-signing-key-file="$dir/sa.key" \
-  --service-cluster-ip-range=10.0.0.0/24 \
-  </dev/null >"$dir/apiserver.log" 2>&1 &
+# An array, so restart-apiserver.sh below can start the very same command line again.
+api_cmd=(
+  "$bin/kube-apiserver"
+  --etcd-servers="http://127.0.0.1:$etcd_port"
+  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port"
+  --cert-dir="$dir/certs"
+  --token-auth-file="$dir/tokens.csv"
+  --client-ca-file="$pki/ca.crt"
+  --authorization-mode=Node,RBAC
+  --service-account-issuer=https://kubernetes.default.svc
+  --service-account-key-file="$dir/sa.pub"
+  --service-account-signing-key-file="$dir/sa.key"
+  --service-cluster-ip-range=10.0.0.0/24
+)
+"${api_cmd[@]}" </dev/null >"$dir/apiserver.log" 2>&1 &
 pids+=($!)
+echo "${pids[1]}" >"$dir/apiserver.pid"
 
 ready=
 deadline=$((SECONDS + 90))
@@ -119,5 +129,63 @@ contexts:
   context: {cluster: test, user: admin-cert}
 current-context: test
 EOF
+
+# --- restart script (see the header) ---------------------------------------------------
+{
+  echo '#!/usr/bin/env bash'
+  echo '# Written by scripts/start-test-cluster.sh: kill -9 this kube-apiserver and start it again'
+  echo '# with the same command line on the same CPUs (etcd stays up); prints the new pid, which'
+  echo '# apiserver.pid holds from then on. Does not wait for readiness.'
+  echo 'set -euo pipefail'
+  printf 'dir=%q\n' "$dir"
+  printf 'port=%q\n' "$api_port"
+  printf 'cmd=(%s)\n' "$(printf '%q ' "${api_cmd[@]}")"
+  cat <<'EOF'
+old=$(<"$dir/apiserver.pid")
+# The restarted server gets the CPUs the old one had (a benchmark pins it with taskset).
+cpus=$(taskset -pc "$old" 2>/dev/null | sed 's/.*: //' || true)
+kill -9 "$old" 2>/dev/null || true
+# Running: neither gone nor a zombie (whose port is free too).
+alive() { [[ -e /proc/$1 ]] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
+for _ in $(seq 200); do # at most 10 s
+  alive "$old" || break
+  sleep 0.05
+done
+pin=()
+[[ -n $cpus ]] && command -v taskset >/dev/null && pin=(taskset -c "$cpus")
+echo "--- restart-apiserver.sh: pid $old killed (-9) at $(date -u +%FT%T.%NZ); starting again ---" >>"$dir/apiserver.log"
+# The new server can find its port taken and exit at once ("bind: address already in
+# use"): by a killed connection whose client has not closed its end yet (the server's
+# end then waits in FIN-WAIT-2, which SO_REUSEADDR does not pass), or, the port being in
+# the ephemeral range, by a client's outgoing connection. Neither lasts: start again
+# until it listens (the sockets on the port go to apiserver.log), at most 60 times.
+for _ in $(seq 60); do
+  "${pin[@]}" "${cmd[@]}" </dev/null >>"$dir/apiserver.log" 2>&1 &
+  new=$!
+  echo "$new" >"$dir/apiserver.pid"
+  for i in $(seq 50); do # 5 s to bind
+    alive "$new" || break
+    if command -v ss >/dev/null; then
+      [[ $(ss -ltnpH "sport = :$port" 2>/dev/null) == *"pid=$new,"* ]] && { echo "$new"; exit 0; }
+    elif ((i >= 15)); then # no ss: up 1.5 s, so past its bind
+      echo "$new"
+      exit 0
+    fi
+    sleep 0.1
+  done
+  alive "$new" && { echo "$new"; exit 0; } # no listener after 5 s, but running: its business
+  {
+    echo "--- restart-apiserver.sh: pid $new exited at start (port $port taken?); sockets on it: ---"
+    ss -tanp "( sport = :$port )" 2>/dev/null || true
+    echo "--- starting again ---"
+  } >>"$dir/apiserver.log"
+  echo "restart-apiserver.sh: pid $new exited at start (port $port taken?); starting again" >&2
+  sleep 1
+done
+echo "restart-apiserver.sh: kube-apiserver did not stay up (see $dir/apiserver.log)" >&2
+exit 1
+EOF
+} >"$dir/restart-apiserver.sh"
+chmod +x "$dir/restart-apiserver.sh"
 trap - ERR
 echo "KUBE_URL=https://127.0.0.1:$api_port KUBE_TOKEN=admintoken KUBE_DIR=$dir KUBECONFIG=$dir/kubeconfig KUBE_PIDS='${pids[1]} ${pids[0]}'"

@@ -21,15 +21,18 @@ pub enum ScenarioKind {
     Objects,
     /// Cluster-wide Endpoints watches, one per connection, as kube-proxies hold them.
     Kubeproxy,
+    /// Kubelet-pattern watches while the API server is killed (-9) and restarted.
+    Restart,
 }
 
 impl ScenarioKind {
     /// Default for `--open-timeout-secs`: kcache syncs keys at its upstream QPS (200/s),
     /// so 5,000 keys of the scale scenario alone take 25 s; one key of 100,000 objects is
-    /// a list of ~140 MB, and 5,000 TLS handshakes on a shared core take minutes.
+    /// a list of ~140 MB, and 5,000 TLS handshakes on a shared core take minutes (restart:
+    /// 10,000 lists and 10,000 watches on the generator's shared core).
     pub fn open_timeout_secs(self) -> u64 {
         match self {
-            ScenarioKind::Scale | ScenarioKind::Kubeproxy => 300,
+            ScenarioKind::Scale | ScenarioKind::Kubeproxy | ScenarioKind::Restart => 300,
             ScenarioKind::Objects => 600,
             _ => 120,
         }
@@ -43,6 +46,7 @@ impl ScenarioKind {
             ScenarioKind::Scale => "scale",
             ScenarioKind::Objects => "objects",
             ScenarioKind::Kubeproxy => "kubeproxy",
+            ScenarioKind::Restart => "restart",
         }
     }
 }
@@ -118,17 +122,18 @@ pub struct Args {
     #[arg(long, default_value_t = 30)]
     pub drain_secs: u64,
 
-    /// kubelet: simulated nodes.
+    /// kubelet, restart: simulated nodes (restart: each node's watches share one HTTP/2
+    /// connection).
     #[arg(long, default_value_t = 100)]
     pub nodes: usize,
     /// kubelet: single-object watches per node (half Secrets, half ConfigMaps); each node
     /// also holds one `spec.nodeName` pod watch. 100 nodes × (99 + 1) = 10,000 watches.
     #[arg(long, default_value_t = 99)]
     pub watches_per_node: usize,
-    /// kubelet: Secrets the nodes' watches are spread over.
+    /// kubelet, restart: Secrets the nodes' watches are spread over.
     #[arg(long, default_value_t = 500)]
     pub secrets: usize,
-    /// kubelet: ConfigMaps the nodes' watches are spread over.
+    /// kubelet, restart: ConfigMaps the nodes' watches are spread over.
     #[arg(long, default_value_t = 500)]
     pub configmaps: usize,
     /// kubelet: pods bound to each node (written to like the other objects).
@@ -155,9 +160,10 @@ pub struct Args {
     #[arg(long, default_value_t = 200)]
     pub objects_per_namespace: usize,
 
-    /// slow, scale, kubeproxy: watches in total (slow: normal + slow ones; kubeproxy:
-    /// cluster-wide Endpoints watches, one per connection). Default: slow 1,000, scale
-    /// 50,000, kubeproxy 5,000.
+    /// slow, scale, kubeproxy, restart: watches in total (slow: normal + slow ones;
+    /// kubeproxy: cluster-wide Endpoints watches, one per connection; restart:
+    /// single-object watches spread evenly over `--nodes`). Default: slow 1,000, scale
+    /// 50,000, kubeproxy 5,000, restart 10,000.
     #[arg(long)]
     pub watches: Option<usize>,
     /// slow, scale: objects the single-object watches are spread over; objects:
@@ -178,7 +184,8 @@ pub struct Args {
     #[arg(long, default_value_t = 10_000)]
     pub apiserver_max_watches: usize,
 
-    /// objects: creates in flight while the ConfigMaps are made.
+    /// objects: creates in flight while the ConfigMaps are made; restart: writes in flight
+    /// when every watched object is written once after the API server is ready again.
     #[arg(long, default_value_t = 32)]
     pub create_concurrency: usize,
     /// objects: whole-namespace lists (`resourceVersion=0`) per target; the report gives
@@ -191,6 +198,17 @@ pub struct Args {
     /// kubeproxy: addresses in each Endpoints object's one subset.
     #[arg(long, default_value_t = 3)]
     pub endpoint_addresses: usize,
+
+    /// restart: a command (an executable's path, no arguments) that kills the
+    /// kube-apiserver with SIGKILL and starts it again with the same flags, and prints the
+    /// new process's pid on its last line of output (run.sh passes the
+    /// `restart-apiserver.sh` that scripts/start-test-cluster.sh writes).
+    #[arg(long, required_if_eq("scenario", "restart"))]
+    pub apiserver_restart_cmd: Option<String>,
+    /// restart: longest wait, from the API server's readiness after the restart, for every
+    /// client to have the write made after the restart (seconds).
+    #[arg(long, default_value_t = 180)]
+    pub restart_wait_secs: u64,
 
     /// Where to write the JSON results; the PNG plots go beside it (`<stem>-*.png`).
     #[arg(long, default_value = "bench-results.json")]

@@ -12,7 +12,7 @@
 //! cluster-wide Endpoints watches, one per connection) run on their own.
 //!
 //! Where things are:
-//! - [`cli`]: flags; `--scenario kubelet|informer|slow|scale|objects|kubeproxy`.
+//! - [`cli`]: flags; `--scenario kubelet|informer|slow|scale|objects|kubeproxy|restart`.
 //! - [`scenario`]: the shared measuring steps ([`scenario::Session`]) and one module per
 //!   scenario, each documenting its workload.
 //! - [`watch`]: one client watch (and the slow consumer that never reads).

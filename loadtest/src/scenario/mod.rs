@@ -6,12 +6,14 @@
 //! fixed rate to the API server, wait for the deliveries, and read CPU and the servers'
 //! watch counters. Targets never overlap: the watches of one are closed before the next
 //! starts. `objects` measures no watch workload (RSS per cached object and whole-namespace
-//! lists) and does without a [`Session`].
+//! lists) and does without a [`Session`]; neither does `restart`, whose clients reconnect
+//! and relist as client-go's reflector does and whose API server changes pid mid-run.
 
 pub mod informer;
 pub mod kubelet;
 pub mod kubeproxy;
 pub mod objects;
+pub mod restart;
 pub mod scale;
 pub mod slow;
 
@@ -579,5 +581,6 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         crate::cli::ScenarioKind::Scale => scale::run(ctx).await,
         crate::cli::ScenarioKind::Objects => objects::run(ctx).await,
         crate::cli::ScenarioKind::Kubeproxy => kubeproxy::run(ctx).await,
+        crate::cli::ScenarioKind::Restart => restart::run(ctx).await,
     }
 }
