@@ -522,6 +522,7 @@ impl Reader {
         &self,
         rv: u64,
         timeout_secs: u64,
+        paced: bool,
     ) -> Result<
         (
             crate::upstream_pool::Checkout,
@@ -529,7 +530,9 @@ impl Reader {
         ),
         kube::Error,
     > {
-        self.limits.pace().await;
+        if paced {
+            self.limits.pace().await;
+        }
         let uri = self.uri(&[
             ("watch", "true".into()),
             ("resourceVersion", rv.to_string()),
@@ -582,7 +585,7 @@ impl Reader {
         // three seconds bring one after about a second; the stream's end is the backstop.
         let key = self.key.to_string();
         let (_conn, stream) = self
-            .open_watch(from, REPLAY_WATCH_SECS)
+            .open_watch(from, REPLAY_WATCH_SECS, true)
             .await
             .map_err(|source| Error::WatchStartFailed {
                 key: key.clone(),
@@ -643,7 +646,10 @@ impl Run {
         let mut backoff = Backoff::new();
         let mut retry_after = None;
         let (mut state, mut action) = step(initial, Input::Start);
+        // The last action was a successful list: its watch goes unpaced.
+        let mut listed = false;
         loop {
+            let after_list = std::mem::take(&mut listed);
             let input = match action {
                 Action::List { rv } => match self.list(rv).await {
                     Ok((items, rv)) => {
@@ -651,6 +657,7 @@ impl Run {
                         if self.tx.send(SourceMsg::Listed { items, rv }).await.is_err() {
                             return;
                         }
+                        listed = true;
                         Input::Listed { rv, frozen }
                     }
                     Err(e) => {
@@ -659,7 +666,7 @@ impl Run {
                         Input::ListFailed
                     }
                 },
-                Action::Watch { rv } => match self.watch(rv, &mut state).await {
+                Action::Watch { rv } => match self.watch(rv, &mut state, !after_list).await {
                     Ok(WatchEnd::Ended) => Input::WatchEnded,
                     Ok(WatchEnd::Gone) => Input::WatchFailed { gone: true },
                     Ok(WatchEnd::Parked) => Input::Progress {
@@ -744,12 +751,16 @@ impl Run {
         }
     }
 
-    async fn watch(&mut self, rv: u64, state: &mut State) -> Result<WatchEnd> {
+    /// `paced`: false for the watch that follows the key's own list at once (the pair is
+    /// one list-and-watch, as client-go's reflector runs it, and took one pace slot: the
+    /// list). Pacing it too made every key's start — and, after an API server restart,
+    /// every key's recovery — take two slots.
+    async fn watch(&mut self, rv: u64, state: &mut State, paced: bool) -> Result<WatchEnd> {
         let timeout = self.cfg.upstream_watch_timeout_secs.max(1);
         let key = self.key.to_string();
         // The checkout is held while the stream lives: it counts against its HTTP/2
         // connection.
-        let (_conn, stream) = match self.up.open_watch(rv, timeout).await {
+        let (_conn, stream) = match self.up.open_watch(rv, timeout, paced).await {
             Ok(s) => s,
             Err(kube::Error::Api(s)) if s.code == 410 => return Ok(WatchEnd::Gone),
             Err(source) => return Err(Error::WatchStartFailed { key, source }),
