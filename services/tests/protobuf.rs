@@ -67,12 +67,8 @@ fn normalized<T: Debug>(v: &T) -> String {
     }
 }
 
-/// A GET from both, decoded as `T`; asserts the wire form and returns both normalised.
-async fn both<T: Message + Default + Debug>(
-    cluster: &TestCluster,
-    kc: &Kcache,
-    path: &str,
-) -> (String, String) {
+/// A GET from both, decoded as `T`: the same wire form and the same object.
+async fn same_get<T: Message + Default + Debug>(cluster: &TestCluster, kc: &Kcache, path: &str) {
     let (up_code, up_ct, up) = get_pb(&cluster.url, path).await;
     let (code, ct, ours) = get_pb(&kc.url, path).await;
     assert_eq!((up_code, code), (200, 200), "{path}");
@@ -81,7 +77,7 @@ async fn both<T: Message + Default + Debug>(
     let (a, b) = (unwrap_envelope(&up), unwrap_envelope(&ours));
     assert_eq!(a.type_meta, b.type_meta, "{path}");
     let decode = |u: &Unknown| T::decode(u.raw.as_deref().unwrap_or_default()).expect("decodes");
-    (normalized(&decode(&a)), normalized(&decode(&b)))
+    diff(path, &normalized(&decode(&a)), &normalized(&decode(&b)));
 }
 
 fn diff(path: &str, up: &str, ours: &str) {
@@ -91,11 +87,21 @@ fn diff(path: &str, up: &str, ours: &str) {
             .zip(ours.bytes())
             .take_while(|(a, b)| a == b)
             .count();
-        let from = at.saturating_sub(200);
+        // 200 bytes either side, widened to whole characters.
+        let around = |s: &str| {
+            let (mut from, mut to) = (at.saturating_sub(200), (at + 200).min(s.len()));
+            while !s.is_char_boundary(from) {
+                from -= 1;
+            }
+            while !s.is_char_boundary(to) {
+                to += 1;
+            }
+            s[from..to].to_string()
+        };
         panic!(
             "{path}: kcache's protobuf differs from the API server's at byte {at}\n API server: …{}\n kcache:     …{}",
-            &up[from..(at + 200).min(up.len())],
-            &ours[from..(at + 200).min(ours.len())]
+            around(up),
+            around(ours)
         );
     }
 }
@@ -209,35 +215,17 @@ async fn protobuf_gets_lists_and_watches_match_the_api_server() {
 
     // Gets by name and lists at resourceVersion=0 (as informers list and the kubelet
     // reads): kcache answers these from its cache; a consistent read goes upstream.
-    for (path, up, ours) in [
-        {
-            let p = "/api/v1/namespaces/pb/configmaps/cm1?resourceVersion=0";
-            let (a, b) = both::<core::ConfigMap>(&cluster, &kc, p).await;
-            (p, a, b)
-        },
-        {
-            let p = "/api/v1/namespaces/pb/secrets/s1?resourceVersion=0";
-            let (a, b) = both::<core::Secret>(&cluster, &kc, p).await;
-            (p, a, b)
-        },
-        {
-            let p = "/api/v1/namespaces/pb/services/svc?resourceVersion=0";
-            let (a, b) = both::<core::Service>(&cluster, &kc, p).await;
-            (p, a, b)
-        },
-        {
-            let p = "/api/v1/namespaces/pb/pods/p1?resourceVersion=0";
-            let (a, b) = both::<core::Pod>(&cluster, &kc, p).await;
-            (p, a, b)
-        },
-        {
-            let p = "/apis/apps/v1/namespaces/pb/deployments/d?resourceVersion=0";
-            let (a, b) = both::<k8s_pb::api::apps::v1::Deployment>(&cluster, &kc, p).await;
-            (p, a, b)
-        },
-    ] {
-        diff(path, &up, &ours);
-    }
+    let ns_path = |rest: &str| format!("/api/v1/namespaces/pb/{rest}?resourceVersion=0");
+    same_get::<core::ConfigMap>(&cluster, &kc, &ns_path("configmaps/cm1")).await;
+    same_get::<core::Secret>(&cluster, &kc, &ns_path("secrets/s1")).await;
+    same_get::<core::Service>(&cluster, &kc, &ns_path("services/svc")).await;
+    same_get::<core::Pod>(&cluster, &kc, &ns_path("pods/p1")).await;
+    same_get::<k8s_pb::api::apps::v1::Deployment>(
+        &cluster,
+        &kc,
+        "/apis/apps/v1/namespaces/pb/deployments/d?resourceVersion=0",
+    )
+    .await;
     for path in [
         "/api/v1/namespaces/pb/configmaps?resourceVersion=0",
         "/api/v1/namespaces/pb/pods?resourceVersion=0",
