@@ -69,6 +69,13 @@ pub struct ServerConfig {
     /// Most proxied long-running requests (watches kcache does not serve, logs, proxy)
     /// open at once (0: no cap); the two caps above do not count them.
     pub max_proxied_long_running_requests: usize,
+    /// HTTP/2: a PING every this many seconds on a quiet connection, and the connection
+    /// (with every watch on it) is closed when the answer takes longer than this again;
+    /// HTTP/1.1: idle keep-alive connections close after this long. 0: no pings, the
+    /// OS's keep-alive. actix-web's 5 s closed a CPU-starved client's connection with its
+    /// 200 watches (the 200,000-watch benchmark lost 147,000 so); Go's server, and so the
+    /// API server, sends no pings at all.
+    pub keep_alive_secs: u64,
 }
 
 impl Default for ServerConfig {
@@ -84,6 +91,7 @@ impl Default for ServerConfig {
             max_proxied_requests_inflight: 400,
             max_proxied_mutating_requests_inflight: 200,
             max_proxied_long_running_requests: 10_000,
+            keep_alive_secs: 30,
         }
     }
 }

@@ -241,6 +241,12 @@ pub async fn run(
     // takes it: without this, a quiet proxied watch whose client left would hold its
     // upstream connection and its proxy slot until the next upstream event.
     .h1_allow_half_closed(false)
+    // actix-web's default (5 s) closes an HTTP/2 connection whose PING is not answered
+    // within 5 s: a busy kubelet would lose all its watches at once (`keep_alive_secs`).
+    .keep_alive(match cfg.server.keep_alive_secs {
+        0 => actix_web::http::KeepAlive::Os,
+        s => actix_web::http::KeepAlive::Timeout(Duration::from_secs(s)),
+    })
     .shutdown_timeout(grace.as_secs());
     if cfg.server.workers > 0 {
         server = server.workers(cfg.server.workers);
