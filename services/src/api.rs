@@ -120,8 +120,11 @@ async fn serve_or_proxy(
                     .get("accept")
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("");
-                // Built once per request: the kind's protobuf forms, if it has any.
-                let codec = Codec::for_kind(&resource.group, &resource.version, &resource.kind);
+                // The kind's protobuf forms, if it has any: looked up only for a client
+                // that mentions protobuf at all (JSON clients pay nothing for it).
+                let codec = mentions_protobuf(accept)
+                    .then(|| Codec::for_kind(&resource.group, &resource.version, &resource.kind))
+                    .flatten();
                 let format = match (q.opaque, table::negotiate(accept, codec.is_some())) {
                     (true, _) => Err("query"),
                     (false, Negotiated::Forward) => Err("accept"),
@@ -154,6 +157,15 @@ async fn serve_or_proxy(
         _ => state.proxy.forward(req, body).await,
     };
     (ServedBy::Proxy, result)
+}
+
+/// Whether an Accept header names protobuf (media types are case-insensitive).
+fn mentions_protobuf(accept: &str) -> bool {
+    const PB: &[u8] = b"vnd.kubernetes.protobuf";
+    accept
+        .as_bytes()
+        .windows(PB.len())
+        .any(|w| w.eq_ignore_ascii_case(PB))
 }
 
 /// Counts a GET of a cached resource that goes upstream instead, by why.
@@ -588,11 +600,7 @@ fn proto_list_response(codec: &Codec, rv: u64, messages: Vec<Bytes>) -> HttpResp
     let len = head.len()
         + messages
             .iter()
-            .map(|m| {
-                let mut p = Vec::new();
-                proto::codec::item_prefix(m.len(), &mut p);
-                p.len() + m.len()
-            })
+            .map(|m| proto::codec::item_len(m.len()))
             .sum::<usize>()
         + tail.len();
     // Written as it is produced: the messages are the objects' own (cached), and only one
@@ -750,6 +758,16 @@ fn json_response(v: &Value) -> HttpResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn protobuf_is_looked_up_only_when_asked_for() {
+        assert!(mentions_protobuf(
+            "application/vnd.kubernetes.protobuf, application/json"
+        ));
+        assert!(mentions_protobuf("Application/Vnd.Kubernetes.Protobuf"));
+        assert!(!mentions_protobuf("application/json"));
+        assert!(!mentions_protobuf(""));
+    }
 
     #[test]
     fn compact_headers_keeps_every_value_in_a_smaller_map() {

@@ -124,7 +124,7 @@ impl Codec {
         put_bytes(&mut meta, 2, rv.to_string().as_bytes());
         let mut list_meta = Vec::new();
         put_bytes(&mut list_meta, 1, &meta);
-        let items: usize = item_lens.map(|n| 1 + varint_len(n as u64) + n).sum();
+        let items: usize = item_lens.map(item_len).sum();
         let raw_len = list_meta.len() + items;
         let mut head = BytesMut::with_capacity(64 + list_meta.len());
         head.put_slice(MAGIC);
@@ -136,6 +136,11 @@ impl Codec {
         head.put_slice(&h);
         (head.freeze(), Bytes::from_static(UNKNOWN_TAIL))
     }
+}
+
+/// A list item's length in the list body: its field header and its message.
+pub fn item_len(len: usize) -> usize {
+    1 + varint_len(len as u64) + len
 }
 
 /// A list item's field header: `items` (2), length-delimited.
