@@ -67,22 +67,29 @@ impl Encoder {
         }
     }
 
-    fn bookmark(&self, resource: &ResourceType, rv: u64, initial_events_end: bool) -> Bytes {
+    /// `None` only if protobuf could not express a bookmark (the kind's metadata, which
+    /// every schema has): the bookmark is then skipped, never sent empty.
+    fn bookmark(
+        &self,
+        resource: &ResourceType,
+        rv: u64,
+        initial_events_end: bool,
+    ) -> Option<Bytes> {
         match self {
             Encoder::Protobuf(c) => c
                 .bookmark(&bookmark_object(resource, rv, initial_events_end))
-                // A bookmark is the kind's metadata only, which every schema has.
-                .unwrap_or_default(),
-            _ => bookmark_line(resource, rv, initial_events_end),
+                .ok(),
+            _ => Some(bookmark_line(resource, rv, initial_events_end)),
         }
     }
 
-    /// An in-stream `ERROR` event carrying a Kubernetes `Status`.
-    fn error(&self, code: u16, reason: &str, message: &str) -> Bytes {
+    /// An in-stream `ERROR` event carrying a Kubernetes `Status`; `None` only if protobuf
+    /// could not express a `Status` (every schema has it): the watch then just ends.
+    fn error(&self, code: u16, reason: &str, message: &str) -> Option<Bytes> {
         let status = status(code, reason, message);
         match self {
-            Encoder::Protobuf(c) => c.error(&status).unwrap_or_default(),
-            _ => encode_value_line("ERROR", &status),
+            Encoder::Protobuf(c) => c.error(&status).ok(),
+            _ => Some(encode_value_line("ERROR", &status)),
         }
     }
 
@@ -322,10 +329,18 @@ impl Watcher {
     }
 
     /// Ends the watch with one in-stream error line, written after what is queued.
-    fn finish_with(&mut self, line: Bytes, ctx: &mut Context<Self>) {
+    fn finish_with(&mut self, line: Option<Bytes>, ctx: &mut Context<Self>) {
         self.backlog.clear();
-        self.backlog.push_back(Item::Final(line));
-        self.drain(ctx);
+        match line {
+            Some(line) => {
+                self.backlog.push_back(Item::Final(line));
+                self.drain(ctx);
+            }
+            None => {
+                self.closing = true;
+                ctx.stop();
+            }
+        }
     }
 
     fn bookmark(&mut self, rv: u64, initial_events_end: bool, ctx: &mut Context<Self>) {
@@ -335,6 +350,7 @@ impl Watcher {
             .spec
             .encoder
             .bookmark(&self.spec.key.resource, rv, initial_events_end);
+        let Some(line) = line else { return };
         if self.push(line, ctx) {
             self.cursor.sent(rv);
         }
