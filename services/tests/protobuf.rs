@@ -32,13 +32,16 @@ async fn get_pb(base: &str, path: &str) -> (u16, String, bytes::Bytes) {
         .await
         .unwrap_or_else(|e| panic!("GET {base}{path}: {e}"));
     let code = resp.status().as_u16();
-    let ct = resp
-        .headers()
+    let ct = content_type(&resp);
+    (code, ct, resp.bytes().await.expect("body"))
+}
+
+fn content_type(resp: &reqwest::Response) -> String {
+    resp.headers()
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
-        .to_string();
-    (code, ct, resp.bytes().await.expect("body"))
+        .to_string()
 }
 
 fn unwrap_envelope(b: &[u8]) -> Unknown {
@@ -116,12 +119,7 @@ async fn watch_pb(base: &str, path: &str, n: usize) -> Vec<(String, String)> {
         .await
         .expect("watch");
     assert_eq!(resp.status().as_u16(), 200, "{base}{path}");
-    let ct = resp
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
+    let ct = content_type(&resp);
     assert_eq!(
         ct, "application/vnd.kubernetes.protobuf;stream=watch",
         "{base}"
