@@ -416,6 +416,24 @@ mod tests {
     }
 
     #[test]
+    fn a_null_list_element_keeps_its_place() {
+        // Go decodes `[null, {…}]` into a zero Container then the named one.
+        let c = codec("", "v1", "Pod");
+        let msg = c
+            .message(br#"{"spec":{"containers":[null,{"name":"b"}]}}"#)
+            .unwrap();
+        let pod = core::Pod::decode(&msg[..]).unwrap();
+        let names: Vec<_> = pod
+            .spec
+            .unwrap()
+            .containers
+            .iter()
+            .map(|c| c.name.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(names, ["", "b"]);
+    }
+
+    #[test]
     fn long_fields_get_multibyte_lengths() {
         let c = codec("", "v1", "ConfigMap");
         let big = "x".repeat(70_000);

@@ -79,6 +79,7 @@ pub fn encode(schema: &Schema, msg: MsgId, json: &[u8]) -> Result<Vec<u8>, Error
         out: &mut out,
         number: None,
         top: true,
+        keep_zero: false,
     }
     .deserialize(&mut de)
     .map_err(|e| Error::Encode(e.to_string()))?;
@@ -93,6 +94,9 @@ struct MessageSeed<'a> {
     out: &'a mut Vec<u8>,
     number: Option<u32>,
     top: bool,
+    /// A `null` list element or map value: written as an empty message (its position
+    /// counts), as Go decodes it to the zero struct.
+    keep_zero: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for MessageSeed<'_> {
@@ -109,8 +113,11 @@ impl<'de> Visitor<'de> for MessageSeed<'_> {
         write!(f, "an object of {}", self.msg.name)
     }
 
-    /// `null`: Go leaves the field zero; nothing is written.
+    /// `null`: Go leaves the field zero; nothing is written (but see `keep_zero`).
     fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        if let (true, Some(n)) = (self.keep_zero, self.number) {
+            put_bytes(self.out, n, &[]);
+        }
         Ok(())
     }
 
@@ -121,6 +128,7 @@ impl<'de> Visitor<'de> for MessageSeed<'_> {
             out,
             number,
             top,
+            ..
         } = self;
         let body = number.map(|n| begin_len(out, n));
         let base = out.len();
@@ -331,6 +339,7 @@ impl<'de> DeserializeSeed<'de> for ValueSeed<'_> {
                 out: self.out,
                 number: Some(self.number),
                 top: false,
+                keep_zero: self.keep_zero,
             }
             .deserialize(d),
             Ty::Special(Special::Raw) => {
