@@ -80,9 +80,7 @@ impl Codec {
 
     /// A watch frame of an object event (`ADDED`, `MODIFIED`, `DELETED`).
     pub fn event(&self, kind: &str, message: &[u8]) -> Bytes {
-        let mut env = Vec::with_capacity(message.len() + self.type_meta.len() + 16);
-        envelope_into(&mut env, &self.type_meta, message);
-        frame(kind, &env)
+        frame(kind, &self.type_meta, message)
     }
 
     /// A `BOOKMARK` frame of `object` (`core::bookmark::bookmark_object`: the kind
@@ -98,9 +96,7 @@ impl Codec {
         let mut tm = Vec::new();
         put_bytes(&mut tm, 1, b"v1");
         put_bytes(&mut tm, 2, b"Status");
-        let mut env = Vec::with_capacity(msg.len() + 32);
-        envelope_into(&mut env, &tm, &msg);
-        Ok(frame("ERROR", &env))
+        Ok(frame("ERROR", &tm, &msg))
     }
 
     /// Serve this kind as JSON from now on (one of its objects has no protobuf form).
@@ -140,7 +136,7 @@ impl Codec {
 
 /// A list item's length in the list body: its field header and its message.
 pub fn item_len(len: usize) -> usize {
-    1 + varint_len(len as u64) + len
+    field_len(len)
 }
 
 /// A list item's field header: `items` (2), length-delimited.
@@ -160,17 +156,29 @@ fn envelope_into(out: &mut Vec<u8>, type_meta: &[u8], message: &[u8]) {
     out.extend_from_slice(UNKNOWN_TAIL);
 }
 
-/// A length-prefixed `WatchEvent{type, object: RawExtension{raw: envelope}}`.
-fn frame(kind: &str, envelope: &[u8]) -> Bytes {
-    let mut ev = Vec::with_capacity(envelope.len() + kind.len() + 16);
-    put_bytes(&mut ev, 1, kind.as_bytes());
-    let mut raw = Vec::with_capacity(envelope.len() + 6);
-    put_bytes(&mut raw, 1, envelope);
-    put_bytes(&mut ev, 2, &raw);
-    let mut out = BytesMut::with_capacity(4 + ev.len());
-    out.put_u32(ev.len() as u32);
-    out.put_slice(&ev);
-    out.freeze()
+/// A length-prefixed `WatchEvent{type, object: RawExtension{raw: envelope}}`, the
+/// envelope around `message`; written once into a buffer of its exact size (every
+/// nested length is known up front), as the object's bytes are the frame's bulk.
+fn frame(kind: &str, type_meta: &[u8], message: &[u8]) -> Bytes {
+    let env_len =
+        MAGIC.len() + field_len(type_meta.len()) + field_len(message.len()) + UNKNOWN_TAIL.len();
+    let raw_len = field_len(env_len);
+    let ev_len = field_len(kind.len()) + field_len(raw_len);
+    let mut out = Vec::with_capacity(4 + ev_len);
+    out.extend_from_slice(&(ev_len as u32).to_be_bytes());
+    put_bytes(&mut out, 1, kind.as_bytes());
+    out.push(0x12);
+    put_varint(&mut out, raw_len as u64);
+    out.push(0x0a);
+    put_varint(&mut out, env_len as u64);
+    envelope_into(&mut out, type_meta, message);
+    debug_assert_eq!(out.len(), 4 + ev_len);
+    Bytes::from(out)
+}
+
+/// A length-delimited field of `len` bytes with a one-byte tag (field numbers below 16).
+fn field_len(len: usize) -> usize {
+    1 + varint_len(len as u64) + len
 }
 
 fn varint_len(v: u64) -> usize {
