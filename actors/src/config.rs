@@ -133,6 +133,9 @@ pub struct NatsConfig {
     /// Lease lifetime (the bucket's `max_age`); owners renew every third of it. A dead
     /// owner's keys move to another replica within about this plus `heartbeat_ms × 3`.
     pub lease_ttl_ms: u64,
+    /// Copies of the lease stream in a NATS cluster (JetStream `num_replicas`, 1–5): with
+    /// 3, leases survive the loss of one NATS node. A single server only takes 1.
+    pub lease_replicas: u32,
     /// Owners send a heartbeat (epoch, last seq, progress RV) per key this often: a lost
     /// last event on a quiet key is noticed within one interval.
     pub heartbeat_ms: u64,
@@ -190,6 +193,7 @@ impl Default for NatsConfig {
             subject_prefix: "kcache".into(),
             lease_bucket: "kcache-leases".into(),
             lease_ttl_ms: 5_000,
+            lease_replicas: 1,
             heartbeat_ms: 1_000,
             interest_interval_ms: 1_000,
             fallback_after_ms: 10_000,

@@ -362,7 +362,11 @@ impl Fleet {
             return Ok(());
         }
         let bucket = &self.cfg.lease_bucket;
-        let config = lease::stream_config(bucket, self.cfg.lease_ttl().as_millis() as u64);
+        let config = lease::stream_config(
+            bucket,
+            self.cfg.lease_ttl().as_millis() as u64,
+            self.cfg.lease_replicas,
+        );
         let subject = format!("$JS.API.STREAM.CREATE.{}", lease::stream_name(bucket));
         let body = self
             .js_request(subject, None, Bytes::from(config.to_string()))

@@ -30,7 +30,7 @@ pub fn lease_subject(bucket: &str, token: &str) -> String {
 }
 
 /// `$JS.API.STREAM.CREATE.<stream>` body.
-pub fn stream_config(bucket: &str, ttl_ms: u64) -> serde_json::Value {
+pub fn stream_config(bucket: &str, ttl_ms: u64, replicas: u32) -> serde_json::Value {
     json!({
         "name": stream_name(bucket),
         "description": "kcache ownership leases, one message per key",
@@ -44,7 +44,7 @@ pub fn stream_config(bucket: &str, ttl_ms: u64) -> serde_json::Value {
         "max_msg_size": -1,
         "storage": "file",
         "discard": "new",
-        "num_replicas": 1,
+        "num_replicas": replicas.clamp(1, 5),
         "duplicate_window": 0,
         "allow_direct": true,
         "deny_delete": false,
@@ -145,7 +145,7 @@ mod tests {
             lease_subject("b", "_.v1.secrets.n.name.x"),
             "$KV.b._.v1.secrets.n.name.x"
         );
-        let c = stream_config("b", 5_000);
+        let c = stream_config("b", 5_000, 1);
         assert_eq!(c["name"], "KV_b");
         assert_eq!(c["max_age"], 5_000_000_000u64);
         assert_eq!(c["max_msgs_per_subject"], 1);
