@@ -18,6 +18,7 @@ pub mod mirror;
 pub mod object;
 pub mod proto;
 pub mod relist;
+pub mod role;
 pub mod rv;
 pub mod seal;
 pub mod selector;
