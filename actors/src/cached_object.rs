@@ -8,7 +8,7 @@
 //! kube-rs's reflector `Writer`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,11 +29,12 @@ use crate::core::relist;
 use crate::core::rv::WatchPlan;
 use crate::core::store::Store;
 use crate::core::window::{self, Window};
+use crate::feed::{
+    KeyStatus, OwnerSnapshot, ReplayCmd, Role, SourceCmd, SourceFactory, SourceHandle, SourceMsg,
+    TakeSnapshot, UpstreamFeed,
+};
 use crate::listener::{Listener, Publish};
 use crate::metrics as m;
-use crate::source::{
-    OwnerSnapshot, ReplayCmd, Role, SourceCmd, SourceFactory, SourceHandle, SourceMsg,
-};
 use crate::watcher::{self, Watcher};
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -51,42 +52,6 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// What the registry and `/debug/keys` can see of a key without a message round trip.
-#[derive(Debug, Default)]
-pub struct KeyStatus {
-    pub progress: AtomicU64,
-    pub synced: AtomicBool,
-    pub objects: AtomicUsize,
-    pub watchers: AtomicUsize,
-    /// The key's place in the fleet (`--nats` only).
-    pub fleet: std::sync::Mutex<FleetInfo>,
-}
-
-/// `/debug/keys`' fleet fields of a key.
-#[derive(Debug, Default, Clone)]
-pub struct FleetInfo {
-    /// `owner`, `mirror`, `local`, or "" without NATS.
-    pub role: &'static str,
-    /// The owner's replica id, when known.
-    pub owner: String,
-    /// The owner's epoch (its lease revision).
-    pub epoch: u64,
-    /// The last seq of the owner's event stream this replica published or applied.
-    pub seq: u64,
-}
-
-impl KeyStatus {
-    pub fn fleet(&self) -> FleetInfo {
-        self.fleet.lock().map(|f| f.clone()).unwrap_or_default()
-    }
-
-    pub fn update_fleet(&self, f: impl FnOnce(&mut FleetInfo)) {
-        if let Ok(mut info) = self.fleet.lock() {
-            f(&mut info);
-        }
-    }
-}
 
 /// A consistent view of a key for a list or get.
 #[derive(Debug, Clone)]
@@ -185,6 +150,9 @@ pub struct CachedObject {
     labels: [(&'static str, String); 2],
     /// Set while this replica owns the key in the fleet: every event goes out through it.
     listener: Option<Addr<Listener>>,
+    /// Set while this replica reads the key upstream as its fleet owner (or locally): the
+    /// commands go straight to that read instead of through the fleet source.
+    upstream_commands: Option<tokio::sync::mpsc::Sender<SourceCmd>>,
     heartbeat_ms: u64,
     last_heartbeat_ms: u64,
 }
@@ -225,6 +193,7 @@ impl CachedObject {
             epoch: Instant::now(),
             labels,
             listener: None,
+            upstream_commands: None,
             heartbeat_ms: 1_000,
             last_heartbeat_ms: 0,
         }
@@ -431,14 +400,22 @@ impl CachedObject {
         }
     }
 
+    /// Sends a command to whoever reads the key: the upstream read this replica runs, or
+    /// else its source. `false` when it cannot take one now.
+    fn command(&self, cmd: SourceCmd) -> bool {
+        match &self.upstream_commands {
+            Some(tx) => tx.try_send(cmd).is_ok(),
+            None => self
+                .source
+                .as_ref()
+                .is_some_and(|src| src.commands.try_send(cmd).is_ok()),
+        }
+    }
+
     /// Asks the source to establish progress with a consistent list (the machine decided
     /// one is due).
     fn probe(&mut self) {
-        let sent = self
-            .source
-            .as_ref()
-            .is_some_and(|src| src.commands.try_send(SourceCmd::Probe).is_ok());
-        if sent {
+        if self.command(SourceCmd::Probe) {
             metrics::counter!(m::PROBES, &self.labels).increment(1);
         } else {
             self.step(Input::ProbeRefused, |_, _| {});
@@ -470,11 +447,7 @@ impl CachedObject {
             to: self.window.list_rv(),
             max_events: self.window.room(),
         };
-        let sent = self
-            .source
-            .as_ref()
-            .is_some_and(|src| src.commands.try_send(SourceCmd::Replay(cmd)).is_ok());
-        if sent {
+        if self.command(SourceCmd::Replay(cmd)) {
             self.backfill_at = Some((rv, now));
         } else {
             self.backfill_at = None;
@@ -708,21 +681,57 @@ impl CachedObject {
         self.expire_backfills();
     }
 
-    fn on_role(&mut self, role: Role) {
+    fn on_role(&mut self, role: Role, ctx: &mut Context<Self>) {
         match role {
             Role::Owner {
                 epoch,
                 listener,
                 heartbeat,
+                upstream,
             } => {
                 tracing::info!(key = %self.key, epoch, seq = self.seq, "publishing the key's events as its owner");
                 self.listener = Some(listener);
                 self.heartbeat_ms = heartbeat.as_millis() as u64;
                 self.last_heartbeat_ms = 0;
                 self.status.update_fleet(|f| f.seq = self.seq);
+                self.read_upstream(upstream, ctx);
             }
-            Role::Mirror | Role::Local => self.listener = None,
+            Role::Local { upstream } => {
+                self.listener = None;
+                self.read_upstream(upstream, ctx);
+            }
+            Role::Mirror => {
+                self.listener = None;
+                self.upstream_commands = None;
+            }
         }
+    }
+
+    /// Reads an upstream read's messages directly (they end when the fleet source stops it).
+    fn read_upstream(&mut self, upstream: UpstreamFeed, ctx: &mut Context<Self>) {
+        self.upstream_commands = Some(upstream.commands);
+        ctx.add_stream(ReceiverStream::new(upstream.events));
+    }
+
+    /// What a mirror's snapshot request is answered with: the events after `since` when the
+    /// window still holds them all, else the whole state; `None` while not synced.
+    fn owner_snapshot(&self, since: Option<u64>) -> Option<OwnerSnapshot> {
+        self.machine
+            .synced()
+            .then(|| match since.map(|rv| self.window.since(rv)) {
+                Some(Ok(events)) => OwnerSnapshot {
+                    objects: Vec::new(),
+                    replay: Some(events),
+                    rv: self.progress(),
+                    seq: self.seq,
+                },
+                _ => OwnerSnapshot {
+                    objects: self.store.snapshot(),
+                    replay: None,
+                    rv: self.progress(),
+                    seq: self.seq,
+                },
+            })
     }
 }
 
@@ -747,7 +756,9 @@ impl Actor for CachedObject {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         metrics::gauge!(m::CACHED_KEYS).increment(1.0);
-        let (handle, events) = self.sources.start(&self.key, &self.status);
+        let (handle, events) =
+            self.sources
+                .start(&self.key, &self.status, ctx.address().recipient());
         self.source = Some(handle);
         ctx.add_stream(ReceiverStream::new(events));
         ctx.run_interval(Duration::from_millis(250), |act, _| act.tick());
@@ -790,33 +801,13 @@ impl Actor for CachedObject {
 }
 
 impl StreamHandler<SourceMsg> for CachedObject {
-    fn handle(&mut self, msg: SourceMsg, _ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: SourceMsg, ctx: &mut Self::Context) {
         match msg {
             SourceMsg::Listed { items, rv } => self.on_listed(items, rv),
             SourceMsg::Event { kind, object, rv } => self.on_event(kind, object, rv),
             SourceMsg::Progress { rv } => self.step(Input::Progress { rv }, |_, _| {}),
             SourceMsg::Replayed { from, replay } => self.on_replayed(from, replay),
-            SourceMsg::Role(role) => self.on_role(role),
-            SourceMsg::Snapshot { since, reply } => {
-                let snap =
-                    self.machine
-                        .synced()
-                        .then(|| match since.map(|rv| self.window.since(rv)) {
-                            Some(Ok(events)) => OwnerSnapshot {
-                                objects: Vec::new(),
-                                replay: Some(events),
-                                rv: self.progress(),
-                                seq: self.seq,
-                            },
-                            _ => OwnerSnapshot {
-                                objects: self.store.snapshot(),
-                                replay: None,
-                                rv: self.progress(),
-                                seq: self.seq,
-                            },
-                        });
-                let _ = reply.send(snap);
-            }
+            SourceMsg::Role(role) => self.on_role(role, ctx),
             SourceMsg::Unhealthy { error } => {
                 // Reads keep being served from what is cached; a probe in flight is lost.
                 self.step(Input::SourceUnhealthy, |_, _| {});
@@ -828,6 +819,14 @@ impl StreamHandler<SourceMsg> for CachedObject {
     // The default `finished` stops the actor; a source only ends when it is dropped, and
     // the key's lifetime belongs to the registry, so do nothing here.
     fn finished(&mut self, _ctx: &mut Self::Context) {}
+}
+
+impl Handler<TakeSnapshot> for CachedObject {
+    type Result = Option<OwnerSnapshot>;
+
+    fn handle(&mut self, msg: TakeSnapshot, _ctx: &mut Self::Context) -> Self::Result {
+        self.owner_snapshot(msg.since)
+    }
 }
 
 impl Handler<Read> for CachedObject {

@@ -128,6 +128,10 @@ pub struct NatsConfig {
     pub require_tls: bool,
     /// First token of every subject kcache uses.
     pub subject_prefix: String,
+    /// The replica's inbox prefix (answers to its JetStream and presence requests).
+    /// Grant subscribe on `<inbox_prefix>.>` to kcache's NATS user only: the default
+    /// `_INBOX` would be shared with every other client of the server.
+    pub inbox_prefix: String,
     /// JetStream KV bucket holding one ownership lease per key (file storage, history 1).
     pub lease_bucket: String,
     /// Lease lifetime (the bucket's `max_age`); owners renew every third of it. A dead
@@ -141,6 +145,14 @@ pub struct NatsConfig {
     pub heartbeat_ms: u64,
     /// Each replica publishes its refcounts this often; records expire after three.
     pub interest_interval_ms: u64,
+    /// An owner whose every upstream request has failed this long hands its keys to a
+    /// replica that reaches the API server (if one does), and readiness turns false
+    /// unless NATS still brings fresh events from such a replica.
+    pub owner_cutoff_ms: u64,
+    /// Each replica announces itself this often on `<prefix>.alive.<replica>`; a peer
+    /// silent for three periods is asked whether it is still connected, and NATS' "no
+    /// responders" answer (its connection is gone) lets its keys be taken over at once.
+    pub presence_ms: u64,
     /// A mirror that has been cut off from NATS this long watches upstream itself until
     /// NATS is back.
     pub fallback_after_ms: u64,
@@ -191,11 +203,14 @@ impl Default for NatsConfig {
             tls_key_file: None,
             require_tls: false,
             subject_prefix: "kcache".into(),
+            inbox_prefix: "_KCACHE_INBOX".into(),
             lease_bucket: "kcache-leases".into(),
             lease_ttl_ms: 5_000,
             lease_replicas: 1,
             heartbeat_ms: 1_000,
             interest_interval_ms: 1_000,
+            owner_cutoff_ms: 10_000,
+            presence_ms: 250,
             fallback_after_ms: 10_000,
             snapshot_timeout_ms: 5_000,
             listener_buffer: 1_024,
@@ -215,6 +230,9 @@ impl NatsConfig {
     }
     pub fn heartbeat(&self) -> Duration {
         Duration::from_millis(self.heartbeat_ms.max(50))
+    }
+    pub fn presence(&self) -> Duration {
+        Duration::from_millis(self.presence_ms.max(20))
     }
     pub fn interest_interval(&self) -> Duration {
         Duration::from_millis(self.interest_interval_ms.max(50))

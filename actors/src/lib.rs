@@ -4,9 +4,11 @@
 //!   diff, bookmark schedule, the upstream state machine — plain Rust, unit-tested.
 //! - [`registry::Registry`]: key → refcount; starts and (after a grace period) stops
 //!   [`cached_object::CachedObject`]s.
-//! - [`cached_object::CachedObject`]: one key's store + window, fed by a [`source`].
+//! - [`cached_object::CachedObject`]: one key's store + window, fed by a [`source`]; the
+//!   messages, commands and status they share are in [`feed`].
 //! - [`fleet`]: with `--nats`, ownership leases, event fan-out and mirroring across
 //!   replicas; [`listener::Listener`] publishes an owned key's events.
+//! - [`health`]: whether this replica reaches the API server (readiness, fleet handover).
 //! - [`upstream_pool`]: lists and watches multiplexed over a few HTTP/2 connections.
 //! - [`watcher::Watcher`]: one downstream watch with the API server's cacheWatcher semantics.
 //!   [`body`] carries its lines to the HTTP response.
@@ -15,7 +17,9 @@ pub mod body;
 pub mod cached_object;
 pub mod config;
 pub mod core;
+pub mod feed;
 pub mod fleet;
+pub mod health;
 pub mod listener;
 pub mod memory;
 pub mod metrics;

@@ -38,7 +38,9 @@ pub struct Outlet {
 }
 
 impl Outlet {
-    /// Publishes one body (sealed when the key's resource is sealed), chunked as needed.
+    /// Publishes one body, chunked as needed. For a sealed resource every message is
+    /// sealed, an empty heartbeat too, with its headers as associated data
+    /// (`Frame::associated_data`): a mirror trusts no header a seal does not vouch for.
     pub async fn send(
         &self,
         subject: &str,
@@ -47,27 +49,28 @@ impl Outlet {
         rv: u64,
         body: Bytes,
     ) -> Result<(), String> {
-        let (key_id, body) = match &self.keyring {
-            Some(ring) if !body.is_empty() => {
-                let (id, sealed) = ring
-                    .seal(&body, self.token.as_bytes())
-                    .map_err(|e| e.to_string())?;
-                (Some(id.to_string()), Bytes::from(sealed))
+        let mut frame = Frame {
+            kind,
+            epoch: self.epoch,
+            seq,
+            rv,
+            owner: self.owner.clone(),
+            chunk: None,
+            key_id: None,
+        };
+        let body = match &self.keyring {
+            Some(ring) => {
+                frame.key_id = Some(ring.active_id().to_string());
+                let ad = frame.associated_data(&self.token);
+                let (_, sealed) = ring.seal(&body, &ad).map_err(|e| e.to_string())?;
+                Bytes::from(sealed)
             }
-            _ => (None, body),
+            None => body,
         };
         let parts = wire::split(body, self.chunk_max);
         let total = parts.len() as u32;
         for (i, part) in parts.into_iter().enumerate() {
-            let frame = Frame {
-                kind,
-                epoch: self.epoch,
-                seq,
-                rv,
-                owner: self.owner.clone(),
-                chunk: (total > 1).then_some((i as u32 + 1, total)),
-                key_id: key_id.clone(),
-            };
+            frame.chunk = (total > 1).then_some((i as u32 + 1, total));
             let mut headers = async_nats::HeaderMap::new();
             for (name, value) in frame.headers() {
                 headers.insert(name, value.as_str());

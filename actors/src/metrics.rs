@@ -36,6 +36,7 @@ pub fn describe() {
     for g in [
         CACHED_KEYS,
         SYNCED_KEYS,
+        UPSTREAM_CUT_OFF,
         UPSTREAM_WATCHES,
         CACHED_OBJECTS,
         WINDOW_EVENTS,
@@ -43,6 +44,10 @@ pub fn describe() {
         metrics::gauge!(g).increment(0.0);
     }
     describe_gauge!(REGISTERED_WATCHERS, "Downstream watches open, by resource.");
+    describe_gauge!(
+        UPSTREAM_CUT_OFF,
+        "1 while every upstream request has failed for longer than [nats] owner_cutoff_ms (the replica can serve nothing fresh of its own)."
+    );
     describe_gauge!(CACHED_KEYS, "Keys (upstream list+watch units) cached.");
     describe_gauge!(
         SYNCED_KEYS,
@@ -123,6 +128,9 @@ pub const FLEET_OWNERSHIP_CHANGES: &str = "kcache_fleet_ownership_changes_total"
 pub const FLEET_LISTENER_DROPS: &str = "kcache_fleet_listener_dropped_events_total";
 pub const FLEET_BAD_MESSAGES: &str = "kcache_fleet_bad_messages_total";
 pub const FLEET_OVERSIZED: &str = "kcache_fleet_oversized_messages_total";
+pub const FLEET_REJECTED: &str = "kcache_fleet_rejected_messages_total";
+pub const FLEET_PEERS_GONE: &str = "kcache_fleet_peers_gone_total";
+pub const UPSTREAM_CUT_OFF: &str = "kcache_upstream_cut_off";
 
 /// Describes the fan-out metrics (only registered when kcache runs with `--nats`).
 pub fn describe_fleet() {
@@ -138,6 +146,7 @@ pub fn describe_fleet() {
         FLEET_LISTENER_DROPS,
         FLEET_BAD_MESSAGES,
         FLEET_OVERSIZED,
+        FLEET_PEERS_GONE,
     ] {
         metrics::counter!(c).increment(0);
     }
@@ -183,6 +192,14 @@ pub fn describe_fleet() {
     describe_counter!(
         FLEET_BAD_MESSAGES,
         "NATS messages that could not be decoded or opened."
+    );
+    describe_counter!(
+        FLEET_REJECTED,
+        "NATS messages refused, by reason: a seal that does not authenticate its headers and body (unauthenticated), plaintext for a sealed resource (plaintext), a request whose reply subject is outside kcache's reply space (reply-subject)."
+    );
+    describe_counter!(
+        FLEET_PEERS_GONE,
+        "Peers whose NATS connection was found gone (no responders to their presence): their keys are taken over without waiting for their leases to expire."
     );
     describe_counter!(
         FLEET_OVERSIZED,

@@ -13,12 +13,13 @@ use std::time::Duration;
 use actix::prelude::*;
 use serde::Serialize;
 
-use crate::cached_object::{CachedObject, Drain, KeyStatus, Stop};
+use crate::cached_object::{CachedObject, Drain, Stop};
 use crate::config::CacheConfig;
+use crate::core::interest::Interest;
 use crate::core::key::Key;
 use crate::core::subject::key_token;
-use crate::fleet::Fleet;
-use crate::source::SourceFactory;
+use crate::feed::{KeyStatus, RoleKind, SourceFactory};
+use crate::fleet::interest::{Gossip, RemoteInterest};
 
 struct Entry {
     addr: Addr<CachedObject>,
@@ -40,9 +41,39 @@ pub struct Registry {
     sources: Arc<dyn SourceFactory>,
     entries: HashMap<Key, Entry>,
     replica: String,
-    fleet: Option<Arc<Fleet>>,
+    /// In a fleet: the interest channel, and every replica's refcounts by key.
+    fleet: Option<FleetInterest>,
     /// Keys started and held per user (`cache.max_keys_per_user`).
     keys_by_user: HashMap<String, usize>,
+}
+
+struct FleetInterest {
+    gossip: Gossip,
+    interval: Duration,
+    table: Interest,
+    started: std::time::Instant,
+}
+
+impl FleetInterest {
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Records are refreshed every interval and expire after three.
+    fn ttl_ms(&self) -> u64 {
+        3 * self.interval.as_millis() as u64
+    }
+
+    /// The refcount other replicas hold on a key.
+    fn others(&self, token: &str) -> u64 {
+        self.table
+            .others(token, self.gossip.replica(), self.now_ms(), self.ttl_ms())
+    }
+
+    /// The fleet's refcount of a key.
+    fn total(&self, token: &str) -> u64 {
+        self.table.total(token, self.now_ms(), self.ttl_ms())
+    }
 }
 
 /// A request would start a key past `cache.max_keys` or `cache.max_keys_per_user`.
@@ -67,16 +98,22 @@ impl Registry {
         }
     }
 
-    /// A replica in a fleet: publishes its refcounts, and keeps owned keys while other
-    /// replicas still hold references.
-    pub fn with_fleet(mut self, fleet: Arc<Fleet>) -> Self {
-        self.fleet = Some(fleet);
+    /// A replica in a fleet: publishes its refcounts every `interval`, hears the
+    /// others', and keeps owned keys while other replicas still hold references.
+    pub fn with_fleet(mut self, gossip: Gossip, interval: Duration) -> Self {
+        self.fleet = Some(FleetInterest {
+            gossip,
+            interval,
+            table: Interest::default(),
+            started: std::time::Instant::now(),
+        });
         self
     }
 
-    /// Publishes every key's refcount (0 during the grace period withdraws it).
-    fn publish_interest(&self) {
-        let Some(fleet) = self.fleet.clone() else {
+    /// Publishes every key's refcount (0 during the grace period withdraws it), records
+    /// it as this replica's, and expires the records of replicas gone silent.
+    fn publish_interest(&mut self) {
+        let Some(fleet) = &mut self.fleet else {
             return;
         };
         let keys: Vec<(String, u64)> = self
@@ -84,7 +121,13 @@ impl Registry {
             .values()
             .map(|e| (e.token.clone(), e.refs as u64))
             .collect();
-        actix::spawn(async move { fleet.publish_interest(keys).await });
+        let (now, ttl) = (fleet.now_ms(), fleet.ttl_ms());
+        for (t, n) in &keys {
+            fleet.table.record(fleet.gossip.replica(), t, *n, now);
+        }
+        fleet.table.expire(now, ttl);
+        let gossip = fleet.gossip.clone();
+        actix::spawn(async move { gossip.publish(keys).await });
     }
 
     /// Stops a key whose grace period ran out, unless the fleet still needs it: an owner
@@ -98,8 +141,8 @@ impl Registry {
                 return;
             }
             if let Some(fleet) = &act.fleet {
-                let owned = e.status.fleet().role == "owner";
-                if owned && fleet.others_interest(&e.token) > 0 {
+                let owned = e.status.fleet().role == Some(RoleKind::Owner);
+                if owned && fleet.others(&e.token) > 0 {
                     act.schedule_stop(key, generation, ctx);
                     return;
                 }
@@ -258,7 +301,8 @@ impl Actor for Registry {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         if let Some(fleet) = &self.fleet {
-            ctx.run_interval(fleet.interest_interval(), |act, _| act.publish_interest());
+            fleet.gossip.spawn_follow(ctx.address().recipient());
+            ctx.run_interval(fleet.interval, |act, _| act.publish_interest());
         }
     }
 }
@@ -350,6 +394,19 @@ pub struct FleetKeyInfo {
     pub seq: u64,
 }
 
+impl Handler<RemoteInterest> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, msg: RemoteInterest, _ctx: &mut Self::Context) {
+        if let Some(fleet) = &mut self.fleet {
+            let now = fleet.now_ms();
+            for (t, n) in msg.keys {
+                fleet.table.record(&msg.replica, &t, n, now);
+            }
+        }
+    }
+}
+
 impl Handler<Acquire> for Registry {
     type Result = MessageResult<Acquire>;
 
@@ -409,9 +466,9 @@ impl Handler<GetDebugKeys> for Registry {
                 fleet: self.fleet.as_ref().map(|fleet| {
                     let f = e.status.fleet();
                     FleetKeyInfo {
-                        role: f.role,
+                        role: f.role.map_or("", RoleKind::as_str),
                         owner: f.owner,
-                        fleet_refcount: fleet.fleet_interest(&e.token).max(e.refs as u64),
+                        fleet_refcount: fleet.total(&e.token).max(e.refs as u64),
                         epoch: f.epoch,
                         seq: f.seq,
                     }

@@ -8,24 +8,24 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::Addr;
+use actix::Recipient;
 use bytes::Bytes;
 use futures::StreamExt;
 use thiserror::Error;
-use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
-use tokio::task::JoinHandle;
+use tokio::sync::{mpsc, Mutex, Semaphore};
 
-use crate::cached_object::KeyStatus;
 use crate::config::CacheConfig;
 use crate::core::backfill::Replay;
-use crate::core::event::StoreEvent;
 use crate::core::filter::EventType;
 use crate::core::key::{Key, Scope};
 use crate::core::lines::Lines;
 use crate::core::list_stream::ListSplitter;
 use crate::core::object::{self, Object, Schema, WireEvent};
 use crate::core::upstream::{step, Action, Backoff, Input, State};
-use crate::listener::Listener;
+use crate::feed::{
+    KeyStatus, ReplayCmd, SourceCmd, SourceFactory, SourceHandle, SourceMsg, TakeSnapshot,
+};
+use crate::health::UpstreamHealth;
 use crate::metrics as m;
 use crate::upstream_pool::UpstreamClients;
 
@@ -66,128 +66,6 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// What a source tells its CachedObject.
-#[derive(Debug)]
-pub enum SourceMsg {
-    /// A complete list of the key at `rv` (initial sync, relist, verification or probe).
-    Listed { items: Vec<Object>, rv: u64 },
-    /// One upstream event at `rv`.
-    Event {
-        kind: EventType,
-        object: Object,
-        rv: u64,
-    },
-    /// The key is known complete up to `rv` (an upstream bookmark).
-    Progress { rv: u64 },
-    /// The answer to `SourceCmd::Replay`: the key at exactly `from` and its events
-    /// since, or `None` when the upstream could not replay from there (compacted, its
-    /// own window passed, or a failure).
-    Replayed { from: u64, replay: Option<Replay> },
-    /// The source failed and is backing off; reads keep being served from what is cached.
-    Unhealthy { error: String },
-    /// The key's role in the fleet changed (only with `--nats`).
-    Role(Role),
-    /// The owner's source answers a mirror's snapshot request: the key's state and the
-    /// seq it corresponds to, or `None` while not synced.
-    Snapshot {
-        /// The requester's progress: when the window still holds every event after it,
-        /// the answer is those events instead of the whole state.
-        since: Option<u64>,
-        reply: oneshot::Sender<Option<OwnerSnapshot>>,
-    },
-}
-
-/// A replica's part in a key (see `fleet`).
-#[derive(Debug)]
-pub enum Role {
-    /// Holds the upstream watch and publishes through `listener` with `epoch`.
-    Owner {
-        epoch: u64,
-        listener: Addr<Listener>,
-        heartbeat: Duration,
-    },
-    /// Fed from the owner over NATS.
-    Mirror,
-    /// Cut off from NATS: watching upstream itself until NATS is back.
-    Local,
-}
-
-/// What an owner's CachedObject hands its source to answer a snapshot request.
-#[derive(Debug)]
-pub struct OwnerSnapshot {
-    pub objects: Vec<Arc<Object>>,
-    /// Set instead of `objects` when the request's `since` could be replayed.
-    pub replay: Option<Vec<Arc<StoreEvent>>>,
-    pub rv: u64,
-    pub seq: u64,
-}
-
-/// What a CachedObject may ask of its source.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SourceCmd {
-    /// Establish progress now with a consistent list (a read is waiting for a newer RV).
-    Probe,
-    /// Replay the key from `from` up to `to` (its list RV), answered with
-    /// `SourceMsg::Replayed`: a watch from an RV older than a young key's list is served
-    /// from a window extended back (`core::backfill`), as the API server would serve it.
-    Replay(ReplayCmd),
-}
-
-/// What `SourceCmd::Replay` asks, for a task of its own ([`UpstreamSource::spawn_replay`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReplayCmd {
-    pub from: u64,
-    pub to: u64,
-    pub max_events: usize,
-}
-
-/// A running source's control side; dropping it stops the task. Its events arrive on the
-/// receiver [`SourceFactory::start`] returns beside it.
-pub struct SourceHandle {
-    pub commands: mpsc::Sender<SourceCmd>,
-    task: JoinHandle<()>,
-    abort_on_drop: bool,
-}
-
-impl SourceHandle {
-    pub fn new(commands: mpsc::Sender<SourceCmd>, task: JoinHandle<()>) -> Self {
-        SourceHandle {
-            commands,
-            task,
-            abort_on_drop: true,
-        }
-    }
-
-    /// A handle whose task is not aborted on drop: it sees its command channel close and
-    /// cleans up itself (a fleet source releases its lease).
-    pub fn graceful(commands: mpsc::Sender<SourceCmd>, task: JoinHandle<()>) -> Self {
-        SourceHandle {
-            commands,
-            task,
-            abort_on_drop: false,
-        }
-    }
-}
-
-impl Drop for SourceHandle {
-    fn drop(&mut self) {
-        if self.abort_on_drop {
-            self.task.abort();
-        }
-    }
-}
-
-/// Starts sources for keys. The registry holds one and hands it to each CachedObject.
-pub trait SourceFactory: Send + Sync + 'static {
-    /// `status` is the key's shared status: a fleet source reads the progress RV to resume
-    /// from and records the key's owner, epoch and seq for `/debug/keys`.
-    fn start(
-        &self,
-        key: &Key,
-        status: &Arc<KeyStatus>,
-    ) -> (SourceHandle, mpsc::Receiver<SourceMsg>);
-}
-
 /// Shared upstream budget: concurrent lists and a pace for list/watch starts, so a burst
 /// of new keys (a node's kubelet starting, a replica restarting) cannot flood the API server.
 pub struct UpstreamLimits {
@@ -222,18 +100,25 @@ impl UpstreamLimits {
 /// Sources that list and watch the upstream API server.
 pub struct UpstreamSource {
     clients: Arc<UpstreamClients>,
+    health: Arc<UpstreamHealth>,
     cfg: Arc<CacheConfig>,
     limits: Arc<UpstreamLimits>,
 }
 
 impl UpstreamSource {
-    pub fn new(clients: Arc<UpstreamClients>, cfg: Arc<CacheConfig>) -> Self {
+    /// `health` hears of every upstream request's outcome.
+    pub fn new(
+        clients: Arc<UpstreamClients>,
+        cfg: Arc<CacheConfig>,
+        health: Arc<UpstreamHealth>,
+    ) -> Self {
         let limits = Arc::new(UpstreamLimits::new(
             cfg.upstream_max_concurrent_lists,
             cfg.upstream_qps,
         ));
         UpstreamSource {
             clients,
+            health,
             cfg,
             limits,
         }
@@ -270,6 +155,7 @@ impl UpstreamSource {
     fn reader(&self, key: &Key) -> Reader {
         Reader {
             clients: self.clients.clone(),
+            health: self.health.clone(),
             limits: self.limits.clone(),
             key: key.clone(),
             schema: Schema::of(&key.resource.group, &key.resource.resource),
@@ -289,6 +175,7 @@ impl SourceFactory for UpstreamSource {
         &self,
         key: &Key,
         _status: &Arc<KeyStatus>,
+        _snapshots: Recipient<TakeSnapshot>,
     ) -> (SourceHandle, mpsc::Receiver<SourceMsg>) {
         self.start_at(key, None)
     }
@@ -414,6 +301,7 @@ impl Drop for WatchGauge {
 #[derive(Clone)]
 struct Reader {
     clients: Arc<UpstreamClients>,
+    health: Arc<UpstreamHealth>,
     limits: Arc<UpstreamLimits>,
     key: Key,
     /// What the header of the key's objects holds (`core::object`).
@@ -653,6 +541,7 @@ impl Run {
             let input = match action {
                 Action::List { rv } => match self.list(rv).await {
                     Ok((items, rv)) => {
+                        self.up.health.ok();
                         let frozen = self.frozen(&items);
                         if self.tx.send(SourceMsg::Listed { items, rv }).await.is_err() {
                             return;
@@ -733,6 +622,7 @@ impl Run {
     }
 
     async fn report(&self, e: Error) {
+        self.up.health.failed();
         metrics::counter!(m::UPSTREAM_ERRORS, "group" => self.key.resource.group.clone(), "resource" => self.key.resource.resource.clone()).increment(1);
         tracing::warn!(key = %self.key, error = %e, "upstream request failed; backing off");
         let _ = self
@@ -765,6 +655,7 @@ impl Run {
             Err(kube::Error::Api(s)) if s.code == 410 => return Ok(WatchEnd::Gone),
             Err(source) => return Err(Error::WatchStartFailed { key, source }),
         };
+        self.up.health.ok();
         let _gauge = WatchGauge::open();
         let mut stream = std::pin::pin!(stream);
         // A stream silent past its own timeout plus a margin is dead (a half-open TCP

@@ -64,16 +64,25 @@ async fn main() -> Result<(), Error> {
     };
     let subjects = Subjects::new(&args.prefix);
     let mut events = client.subscribe(subjects.events(&args.key)).await?;
-    let inbox = client.new_inbox();
-    let mut replies = client.subscribe(inbox.clone()).await?;
+    // Answers come to the key's own reply space (a reader's permissions name it), under a
+    // nonce of this subscriber's.
+    let nonce = format!("{:016x}", rand::random::<u64>());
+    let mut replies = client
+        .subscribe(subjects.replies(&args.key, &nonce))
+        .await?;
+    let mut request = 0u64;
     let mut mirror: Mirror<(Kind, Bytes)> = Mirror::new(10_000, 10_000);
     let (mut ev_parts, mut snap_parts) = (Reassembler::default(), Reassembler::default());
     let started = std::time::Instant::now();
+    // A sealed key's every message (heartbeats too) is sealed over its body and headers.
     let open = |frame: &Frame, body: Bytes| -> Result<Bytes, Error> {
         match (&frame.key_id, &keyring) {
-            (Some(id), Some(ring)) => Ok(ring.open(id, &body, args.key.as_bytes())?.into()),
+            (Some(id), Some(ring)) => Ok(ring
+                .open(id, &body, &frame.associated_data(&args.key))?
+                .into()),
             (Some(id), None) => Err(format!("sealed with {id}: pass --key-file").into()),
-            (None, _) => Ok(body),
+            (None, Some(_)) => Err("an unsealed message on a sealed key: refused".into()),
+            (None, None) => Ok(body),
         }
     };
     let mut want_snapshot = true;
@@ -83,8 +92,10 @@ async fn main() -> Result<(), Error> {
         if want_snapshot {
             want_snapshot = false;
             snap_parts.reset();
+            request += 1;
+            let reply = subjects.reply(&args.key, &nonce, request);
             client
-                .publish_with_reply(subjects.snapshot(&args.key), inbox.clone(), "{}".into())
+                .publish_with_reply(subjects.snapshot(&args.key), reply, "{}".into())
                 .await?;
         }
         let (msg, snapshot) = tokio::select! {
@@ -110,20 +121,21 @@ async fn main() -> Result<(), Error> {
         } else {
             &mut ev_parts
         };
+        let Some(body) = parts.feed(&frame, msg.payload.clone())? else {
+            continue;
+        };
+        let body = match open(&frame, body) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("refused a message: {e}");
+                continue;
+            }
+        };
         let input = match frame.kind {
             Kind::Heartbeat => Input::Heartbeat(stamp),
             Kind::NotReady => continue,
-            kind => {
-                let Some(body) = parts.feed(&frame, msg.payload.clone())? else {
-                    continue;
-                };
-                let body = open(&frame, body)?;
-                if snapshot {
-                    Input::Snapshot(stamp, (kind, body))
-                } else {
-                    Input::Event(stamp, (kind, body))
-                }
-            }
+            kind if snapshot => Input::Snapshot(stamp, (kind, body)),
+            kind => Input::Event(stamp, (kind, body)),
         };
         for out in mirror.on(started.elapsed().as_millis() as u64, input) {
             match out {

@@ -14,6 +14,7 @@ use std::time::Duration;
 use actix::Actor;
 use actix_web::{web, App, HttpResponse, HttpServer};
 use kcache_actors::fleet::{self, Fleet, FleetSource};
+use kcache_actors::health::UpstreamHealth;
 use kcache_actors::registry::{DrainAll, GetDebugKeys, Registry, StopAll};
 use kcache_actors::source::UpstreamSource;
 use kcache_actors::upstream_pool::{self, UpstreamClients};
@@ -44,17 +45,24 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// `/readyz`: a latch that opens once the upstream answered, and closes for good when
-/// shutdown starts (as the API server's `shutdownCheck`).
-#[derive(Default)]
+/// `/readyz`: opens once the upstream answered (discovery), closes for good when shutdown
+/// starts (as the API server's `shutdownCheck`), and is false while the replica can serve
+/// nothing fresh: its upstream has failed past `[nats] owner_cutoff_ms` and no fleet peer
+/// that reaches the API server feeds it over NATS.
 pub struct Health {
     ready: AtomicBool,
     draining: AtomicBool,
+    upstream: Arc<UpstreamHealth>,
+    fleet: Option<Arc<Fleet>>,
 }
 
 impl Health {
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed)
+        let fresh = match &self.fleet {
+            Some(f) => f.serves_fresh(),
+            None => !self.upstream.cut_off(),
+        };
+        self.ready.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed) && fresh
     }
 }
 
@@ -108,7 +116,18 @@ pub async fn run(
     let proxy = Proxy::new(kube_config, &cfg.server, &cfg.auth).map_err(Error::UpstreamClient)?;
     let cache_cfg = Arc::new(cfg.cache.clone());
     let replica = cfg.server.replica_id.clone().unwrap_or_else(hostname);
-    let upstream = Arc::new(UpstreamSource::new(Arc::new(clients), cache_cfg.clone()));
+    let clients = Arc::new(clients);
+    // Whether this replica reaches the API server: its reads report to it, and a probe
+    // keeps it current when there are none (readiness, fleet handover).
+    let upstream_health = Arc::new(UpstreamHealth::new(Duration::from_millis(
+        cfg.nats.owner_cutoff_ms,
+    )));
+    upstream_health.spawn_probe(clients.clone(), Duration::from_secs(2));
+    let upstream = Arc::new(UpstreamSource::new(
+        clients,
+        cache_cfg.clone(),
+        upstream_health.clone(),
+    ));
     let fleet = match &cfg.nats.url {
         Some(url) => {
             let keyring = fleet::load_keyring(&cfg.nats)?;
@@ -120,17 +139,23 @@ pub async fn run(
                 replica.clone(),
                 keyring,
                 upstream.clone(),
+                upstream_health.clone(),
             ))
         }
         None => None,
     };
     let registry = match &fleet {
         Some(f) => Registry::new(cache_cfg, Arc::new(FleetSource(f.clone())), replica.clone())
-            .with_fleet(f.clone()),
+            .with_fleet(f.gossip(), f.interest_interval()),
         None => Registry::new(cache_cfg, upstream, replica.clone()),
     }
     .start();
-    let health = Arc::new(Health::default());
+    let health = Arc::new(Health {
+        ready: AtomicBool::new(false),
+        draining: AtomicBool::new(false),
+        upstream: upstream_health,
+        fleet: fleet.clone(),
+    });
 
     let state = web::Data::new(ApiState {
         registry: registry.clone(),

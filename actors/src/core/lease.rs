@@ -93,6 +93,35 @@ pub fn parse_ack(body: &[u8]) -> Ack {
     }
 }
 
+/// Reads the answer to `$JS.API.STREAM.MSG.GET` with `last_by_subj`: the lease's
+/// revision and holder (the message body, a replica id), `None` when there is none.
+pub fn parse_stored(body: &[u8]) -> Result<Option<(u64, String)>, String> {
+    use base64::Engine;
+    #[derive(Deserialize)]
+    struct Stored {
+        seq: u64,
+        #[serde(default)]
+        data: String,
+    }
+    #[derive(Deserialize)]
+    struct Answer {
+        message: Option<Stored>,
+        error: Option<ApiError>,
+    }
+    let answer: Answer = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    match (answer.message, answer.error) {
+        (Some(m), _) => {
+            let holder = base64::engine::general_purpose::STANDARD
+                .decode(m.data.as_bytes())
+                .map_err(|e| e.to_string())?;
+            Ok(Some((m.seq, String::from_utf8_lossy(&holder).into_owned())))
+        }
+        (None, Some(e)) if e.code == 404 => Ok(None),
+        (None, Some(e)) => Err(format!("{} ({})", e.description, e.err_code)),
+        (None, None) => Err("empty answer".into()),
+    }
+}
+
 /// Reads any JetStream API answer: `Err` with its error when it carries one.
 pub fn api_result(body: &[u8]) -> Result<(), ApiError> {
     #[derive(Deserialize)]
@@ -113,6 +142,18 @@ pub fn api_result(body: &[u8]) -> Result<(), ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_a_stored_lease_or_its_absence() {
+        // nats-server 2.9's answers.
+        let found = br#"{"type":"io.nats.jetstream.api.v1.stream_msg_get_response","message":{"subject":"$KV.b.t","seq":42,"data":"cjE=","time":"2026-11-24T00:00:00Z"}}"#;
+        assert_eq!(parse_stored(found), Ok(Some((42, "r1".to_string()))));
+        let missing = br#"{"type":"io.nats.jetstream.api.v1.stream_msg_get_response","error":{"code":404,"err_code":10037,"description":"no message found"}}"#;
+        assert_eq!(parse_stored(missing), Ok(None));
+        let other = br#"{"error":{"code":503,"err_code":10008,"description":"JetStream system temporarily unavailable"}}"#;
+        assert!(parse_stored(other).is_err());
+        assert!(parse_stored(b"not json").is_err());
+    }
 
     #[test]
     fn acks_are_read() {

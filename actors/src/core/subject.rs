@@ -172,6 +172,67 @@ impl Subjects {
         format!("{}.interest.*", self.prefix)
     }
 
+    /// Where an owner sends its answer to one snapshot request of a key: kcache's own reply
+    /// space, per key, so that NATS permissions scope who may read the answers (a reader
+    /// of one namespace's keys subscribes `<prefix>.reply.<those keys>.>`) and a requester
+    /// cannot point an owner at any other subject. `nonce` is the requester's (one token),
+    /// `n` its request number.
+    pub fn reply(&self, token: &str, nonce: &str, n: u64) -> String {
+        format!("{}.reply.{token}.{nonce}.{n}", self.prefix)
+    }
+
+    /// What a requester subscribes to for the answers to all its requests of a key.
+    pub fn replies(&self, token: &str, nonce: &str) -> String {
+        format!("{}.reply.{token}.{nonce}.*", self.prefix)
+    }
+
+    /// Whether `reply` is a reply subject of the key `token` ([`Subjects::reply`]): the
+    /// key's reply space followed by exactly two tokens of `[A-Za-z0-9_-]`, at most 64
+    /// bytes each (no wildcard, no further token). An owner answers nothing else.
+    pub fn is_reply_for(&self, token: &str, reply: &str) -> bool {
+        let Some(rest) = reply
+            .strip_prefix(self.prefix.as_str())
+            .and_then(|r| r.strip_prefix(".reply."))
+            .and_then(|r| r.strip_prefix(token))
+            .and_then(|r| r.strip_prefix('.'))
+        else {
+            return false;
+        };
+        let mut parts = rest.split('.');
+        let ok = |p: Option<&str>| {
+            p.is_some_and(|p| {
+                !p.is_empty()
+                    && p.len() <= 64
+                    && p.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            })
+        };
+        ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
+    }
+
+    /// A replica's presence beacon (published every `presence_ms`).
+    pub fn alive(&self, replica: &str) -> String {
+        format!("{}.alive.{}", self.prefix, escape(replica))
+    }
+
+    pub fn all_alive(&self) -> String {
+        format!("{}.alive.*", self.prefix)
+    }
+
+    /// The replica id of a presence beacon's subject.
+    pub fn replica_of_alive(&self, subject: &str) -> Option<String> {
+        let token = subject
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(".alive.")?;
+        unescape(token)
+    }
+
+    /// A replica's presence request subject: NATS answers "no responders" once its
+    /// connection is gone.
+    pub fn presence(&self, replica: &str) -> String {
+        format!("{}.presence.{}", self.prefix, escape(replica))
+    }
+
     /// The key's part of an event subject, or `None` when the subject is not an event subject.
     pub fn token_of_event<'a>(&self, subject: &'a str) -> Option<&'a str> {
         subject
@@ -188,6 +249,50 @@ mod tests {
 
     fn secrets() -> Arc<ResourceType> {
         Arc::new(ResourceType::new("", "v1", "secrets", "Secret", true))
+    }
+
+    #[test]
+    fn only_the_keys_own_reply_space_is_a_reply_subject() {
+        let s = Subjects::new("kcache");
+        let t = "_.v1.configmaps.team-a.name.cm";
+        let good = s.reply(t, "n0nce", 3);
+        assert_eq!(good, "kcache.reply._.v1.configmaps.team-a.name.cm.n0nce.3");
+        assert!(s.is_reply_for(t, &good));
+        for bad in [
+            // The attacks a reply subject made possible: a lease, an event subject,
+            // another key's replies, an inbox anyone may read.
+            "$KV.kcache-leases._.v1.configmaps.team-a.name.cm",
+            "kcache.ev._.v1.configmaps.team-a.name.cm",
+            "kcache.reply._.v1.configmaps.team-b.name.cm.n0nce.3",
+            "_INBOX.abc",
+            // Malformed tails.
+            "kcache.reply._.v1.configmaps.team-a.name.cm.n0nce",
+            "kcache.reply._.v1.configmaps.team-a.name.cm.n0nce.3.4",
+            "kcache.reply._.v1.configmaps.team-a.name.cm.*.3",
+            "kcache.reply._.v1.configmaps.team-a.name.cm.>",
+            "kcache.reply._.v1.configmaps.team-a.name.cm..3",
+            "kcache.reply._.v1.configmaps.team-a.name.cmx.n.3",
+            "kcache.reply._.v1.configmaps.team-a.name.cm.n.3 x",
+        ] {
+            assert!(!s.is_reply_for(t, bad), "{bad}");
+        }
+        assert!(!s.is_reply_for(t, &format!("kcache.reply.{t}.{}.1", "a".repeat(65))));
+        assert_eq!(
+            s.replies(t, "n0nce"),
+            "kcache.reply._.v1.configmaps.team-a.name.cm.n0nce.*"
+        );
+    }
+
+    #[test]
+    fn presence_subjects_round_trip_replica_ids() {
+        let s = Subjects::new("kcache");
+        assert_eq!(s.alive("a.b"), "kcache.alive.a=2Eb");
+        assert_eq!(
+            s.replica_of_alive("kcache.alive.a=2Eb").as_deref(),
+            Some("a.b")
+        );
+        assert_eq!(s.replica_of_alive("kcache.interest.a"), None);
+        assert_eq!(s.presence("r1"), "kcache.presence.r1");
     }
 
     #[test]

@@ -128,6 +128,31 @@ impl Frame {
         h
     }
 
+    /// The associated data a sealed body is bound to: the key's token and every header a
+    /// receiver trusts (type, epoch, seq, resourceVersion, owner, key id) — not the chunk
+    /// header, as sealing happens before chunking. A body moved to another key, or a
+    /// header edited on the way (a replayed event given a new seq, a heartbeat given a
+    /// higher RV), no longer opens. Each field is length-prefixed, so no two different
+    /// frames share an encoding.
+    pub fn associated_data(&self, token: &str) -> Vec<u8> {
+        let key_id = self.key_id.as_deref().unwrap_or("");
+        let mut ad = Vec::with_capacity(64 + token.len() + self.owner.len() + key_id.len());
+        ad.extend_from_slice(b"kcache-seal-v2");
+        for field in [
+            token.as_bytes(),
+            self.kind.as_str().as_bytes(),
+            &self.epoch.to_be_bytes(),
+            &self.seq.to_be_bytes(),
+            &self.rv.to_be_bytes(),
+            self.owner.as_bytes(),
+            key_id.as_bytes(),
+        ] {
+            ad.extend_from_slice(&(field.len() as u32).to_be_bytes());
+            ad.extend_from_slice(field);
+        }
+        ad
+    }
+
     /// Reads a frame through a header lookup.
     pub fn parse<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Result<Frame> {
         let num = |name: &'static str| -> Result<u64> {
@@ -408,6 +433,71 @@ fn too_large(kind: Kind, bytes: u64, total: u32, max: usize) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn associated_data_changes_with_every_trusted_header_but_not_the_chunk() {
+        let f = Frame {
+            kind: Kind::Event,
+            epoch: 5,
+            seq: 9,
+            rv: 100,
+            owner: "a".into(),
+            chunk: None,
+            key_id: Some("k1".into()),
+        };
+        let base = f.associated_data("_.v1.secrets.ns.name.s");
+        let variants = [
+            Frame {
+                kind: Kind::Heartbeat,
+                ..f.clone()
+            },
+            Frame {
+                epoch: 6,
+                ..f.clone()
+            },
+            Frame {
+                seq: 10,
+                ..f.clone()
+            },
+            Frame {
+                rv: 101,
+                ..f.clone()
+            },
+            Frame {
+                owner: "b".into(),
+                ..f.clone()
+            },
+            Frame {
+                key_id: Some("k2".into()),
+                ..f.clone()
+            },
+            Frame {
+                key_id: None,
+                ..f.clone()
+            },
+        ];
+        for v in variants {
+            assert_ne!(v.associated_data("_.v1.secrets.ns.name.s"), base, "{v:?}");
+        }
+        assert_ne!(f.associated_data("_.v1.secrets.ns.name.t"), base);
+        // Field boundaries are unambiguous.
+        let g = Frame {
+            owner: "ab".into(),
+            key_id: Some("".into()),
+            ..f.clone()
+        };
+        let h = Frame {
+            owner: "a".into(),
+            key_id: Some("b".into()),
+            ..f.clone()
+        };
+        assert_ne!(g.associated_data("t"), h.associated_data("t"));
+        let chunked = Frame {
+            chunk: Some((1, 2)),
+            ..f.clone()
+        };
+        assert_eq!(chunked.associated_data("_.v1.secrets.ns.name.s"), base);
+    }
     use std::collections::HashMap;
 
     fn frame(seq: u64, chunk: Option<(u32, u32)>) -> Frame {

@@ -1,0 +1,152 @@
+//! The replica's NATS connection (credentials, TLS, its own inbox prefix) and the sealing
+//! key ring, both from `[nats]`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::{Client, ConnectOptions};
+use base64::Engine;
+use thiserror::Error;
+
+use crate::config::NatsConfig;
+use crate::core::seal::{self, Keyring};
+use crate::metrics as m;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("cannot read {what} {path}: {source}")]
+    File {
+        what: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("encryption key {id:?} in {path} is not base64: {source}")]
+    KeyEncoding {
+        id: String,
+        path: String,
+        #[source]
+        source: base64::DecodeError,
+    },
+    #[error(transparent)]
+    Keyring(#[from] seal::Error),
+    #[error("with --nats, objects of {0:?} are sealed on NATS: set [nats] encryption_keys and encryption_active_key (or remove it from encrypt_resources)")]
+    NoEncryptionKey(String),
+    #[error("cannot connect to NATS at {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Connects to NATS with the configured credentials. The client connects (and reconnects)
+/// in the background, so a replica starts, and serves, while NATS is down.
+pub async fn connect(cfg: &NatsConfig, url: &str, replica: &str) -> Result<Client> {
+    let read = |what: &'static str, path: &str| {
+        std::fs::read_to_string(path).map_err(|source| Error::File {
+            what,
+            path: path.to_string(),
+            source,
+        })
+    };
+    let mut opts = ConnectOptions::new()
+        .name(format!("kcache/{replica}"))
+        // Answers to this replica's requests (JetStream, presence) arrive under its own
+        // prefix, which only kcache's NATS user may read (docs/nats.md, Security).
+        .custom_inbox_prefix(cfg.inbox_prefix.trim_end_matches('.'))
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .connection_timeout(Duration::from_secs(3))
+        .event_callback(|event| async move {
+            match event {
+                async_nats::Event::Connected => {
+                    metrics::gauge!(m::NATS_CONNECTED).set(1.0);
+                    metrics::counter!(m::NATS_RECONNECTS).increment(1);
+                    tracing::info!("connected to NATS");
+                }
+                async_nats::Event::Disconnected => {
+                    metrics::gauge!(m::NATS_CONNECTED).set(0.0);
+                    tracing::warn!("disconnected from NATS; reconnecting");
+                }
+                other => tracing::info!(event = %other, "NATS event"),
+            }
+        });
+    let password = match (&cfg.password, &cfg.password_file) {
+        (Some(p), _) => Some(p.clone()),
+        // A Secret mounted as a file ends in a newline when written by hand.
+        (None, Some(path)) => Some(
+            read("NATS password file", path)?
+                .trim_end_matches(['\r', '\n'])
+                .to_string(),
+        ),
+        (None, None) => None,
+    };
+    if let (Some(user), Some(password)) = (&cfg.user, password) {
+        opts = opts.user_and_password(user.clone(), password);
+    }
+    if let Some(path) = &cfg.token_file {
+        opts = opts.token(read("NATS token file", path)?.trim().to_string());
+    }
+    if let Some(path) = &cfg.nkey_seed_file {
+        opts = opts.nkey(read("NATS nkey seed file", path)?.trim().to_string());
+    }
+    if let Some(path) = &cfg.creds_file {
+        opts = opts
+            .credentials_file(path)
+            .await
+            .map_err(|source| Error::File {
+                what: "NATS credentials file",
+                path: path.clone(),
+                source,
+            })?;
+    }
+    if let Some(ca) = &cfg.tls_ca_file {
+        opts = opts.add_root_certificates(ca.into()).require_tls(true);
+    }
+    if let (Some(cert), Some(key)) = (&cfg.tls_cert_file, &cfg.tls_key_file) {
+        opts = opts.add_client_certificate(cert.into(), key.into());
+    }
+    if cfg.require_tls {
+        opts = opts.require_tls(true);
+    }
+    metrics::gauge!(m::NATS_CONNECTED).set(0.0);
+    opts.connect(url).await.map_err(|source| Error::Connect {
+        url: url.to_string(),
+        source,
+    })
+}
+
+/// The key ring from `[nats] encryption_keys`; an error when something must be sealed and
+/// there is no key (never fall back to plaintext).
+pub fn load_keyring(cfg: &NatsConfig) -> Result<Option<Arc<Keyring>>> {
+    if cfg.encryption_keys.is_empty() {
+        return match cfg.encrypt_resources.first() {
+            Some(r) => Err(Error::NoEncryptionKey(r.clone())),
+            None => Ok(None),
+        };
+    }
+    let mut keys = Vec::new();
+    for k in &cfg.encryption_keys {
+        let text = std::fs::read_to_string(&k.file).map_err(|source| Error::File {
+            what: "encryption key file",
+            path: k.file.clone(),
+            source,
+        })?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text.trim())
+            .map_err(|source| Error::KeyEncoding {
+                id: k.id.clone(),
+                path: k.file.clone(),
+                source,
+            })?;
+        keys.push((k.id.clone(), bytes));
+    }
+    let active = cfg
+        .encryption_active_key
+        .clone()
+        .unwrap_or_else(|| cfg.encryption_keys[0].id.clone());
+    Ok(Some(Arc::new(Keyring::new(keys, &active)?)))
+}

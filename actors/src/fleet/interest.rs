@@ -1,0 +1,101 @@
+//! Fleet-wide interest on the wire: each replica publishes its refcount per key on
+//! `<prefix>.interest.<replica>` and hears the others'. The Registry owns the table
+//! (`core::interest`) beside its own refcounts; this module only carries messages.
+
+use actix::{Message, Recipient};
+use async_nats::Client;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use crate::core::subject::Subjects;
+use crate::metrics as m;
+
+/// One replica's refcounts, as heard on NATS (for the Registry).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct RemoteInterest {
+    pub replica: String,
+    pub keys: Vec<(String, u64)>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct InterestMsg {
+    replica: String,
+    /// `[token, refcount]` pairs; a replica may split its keys over several messages.
+    keys: Vec<(String, u64)>,
+}
+
+/// Publishes this replica's refcounts and forwards the others' to the Registry.
+#[derive(Clone)]
+pub struct Gossip {
+    client: Client,
+    subjects: Subjects,
+    replica: String,
+}
+
+impl Gossip {
+    pub fn new(client: Client, subjects: Subjects, replica: String) -> Self {
+        Gossip {
+            client,
+            subjects,
+            replica,
+        }
+    }
+
+    pub fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    /// Publishes refcounts, in batches well under any `max_payload`.
+    pub async fn publish(&self, keys: Vec<(String, u64)>) {
+        for batch in keys.chunks(2_000) {
+            let msg = InterestMsg {
+                replica: self.replica.clone(),
+                keys: batch.to_vec(),
+            };
+            let Ok(body) = serde_json::to_vec(&msg) else {
+                continue;
+            };
+            let subject = self.subjects.interest(&self.replica);
+            if self.client.publish(subject, body.into()).await.is_ok() {
+                metrics::counter!(m::NATS_OUT).increment(1);
+            }
+        }
+    }
+
+    /// Sends every other replica's refcounts to `to` until the connection or `to` is gone.
+    pub fn spawn_follow(&self, to: Recipient<RemoteInterest>) {
+        let me = self.clone();
+        actix::spawn(async move {
+            let mut sub = loop {
+                match me.client.subscribe(me.subjects.all_interest()).await {
+                    Ok(s) => break s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot subscribe to fleet interest; retrying");
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    }
+                }
+            };
+            while let Some(msg) = sub.next().await {
+                metrics::counter!(m::NATS_IN).increment(1);
+                let Ok(im) = serde_json::from_slice::<InterestMsg>(&msg.payload) else {
+                    metrics::counter!(m::FLEET_BAD_MESSAGES).increment(1);
+                    continue;
+                };
+                if im.replica == me.replica {
+                    continue;
+                }
+                let remote = RemoteInterest {
+                    replica: im.replica,
+                    keys: im.keys,
+                };
+                // One message per replica and interval: the Registry's mailbox cannot grow
+                // past that, and a dropped one would expire a replica's interest.
+                if !to.connected() {
+                    return;
+                }
+                to.do_send(remote);
+            }
+        });
+    }
+}
