@@ -32,6 +32,8 @@ pub enum Error {
     Keyring(#[from] seal::Error),
     #[error("with --nats, objects of {0:?} are sealed on NATS: set [nats] encryption_keys and encryption_active_key (or remove it from encrypt_resources)")]
     NoEncryptionKey(String),
+    #[error("[nats] tls_cert_file and tls_key_file go together: set both or neither")]
+    HalfClientCertificate,
     #[error("cannot connect to NATS at {url}: {source}")]
     Connect {
         url: String,
@@ -44,7 +46,38 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Connects to NATS with the configured credentials. The client connects (and reconnects)
 /// in the background, so a replica starts, and serves, while NATS is down.
+///
+/// A first attempt is made in the foreground: when it fails, its whole error chain is
+/// logged (a refused TLS handshake's cause — "invalid peer certificate: UnknownIssuer" —
+/// travels only in the error, never in the client's events), then the client keeps
+/// trying in the background.
 pub async fn connect(cfg: &NatsConfig, url: &str, replica: &str) -> Result<Client> {
+    match options(cfg, replica, false).await?.connect(url).await {
+        Ok(client) => return Ok(client),
+        Err(error) => {
+            let mut cause = error.to_string();
+            let mut source = std::error::Error::source(&error);
+            while let Some(s) = source {
+                cause.push_str(": ");
+                cause.push_str(&s.to_string());
+                source = s.source();
+            }
+            tracing::warn!(%url, error = %cause, "cannot connect to NATS; retrying in the background");
+        }
+    }
+    options(cfg, replica, true)
+        .await?
+        .connect(url)
+        .await
+        .map_err(|source| Error::Connect {
+            url: url.to_string(),
+            source,
+        })
+}
+
+/// The client's options; `retry_initial`: the first connection is retried in the
+/// background (connect returns at once).
+async fn options(cfg: &NatsConfig, replica: &str, retry_initial: bool) -> Result<ConnectOptions> {
     let read = |what: &'static str, path: &str| {
         std::fs::read_to_string(path).map_err(|source| Error::File {
             what,
@@ -57,7 +90,6 @@ pub async fn connect(cfg: &NatsConfig, url: &str, replica: &str) -> Result<Clien
         // Answers to this replica's requests (JetStream, presence) arrive under its own
         // prefix, which only kcache's NATS user may read (docs/nats.md, Security).
         .custom_inbox_prefix(cfg.inbox_prefix.trim_end_matches('.'))
-        .retry_on_initial_connect()
         .max_reconnects(None)
         .connection_timeout(Duration::from_secs(3))
         .event_callback(|event| async move {
@@ -70,6 +102,11 @@ pub async fn connect(cfg: &NatsConfig, url: &str, replica: &str) -> Result<Clien
                 async_nats::Event::Disconnected => {
                     metrics::gauge!(m::NATS_CONNECTED).set(0.0);
                     tracing::warn!("disconnected from NATS; reconnecting");
+                }
+                // Refused credentials, a failed handshake, a server's -ERR: an operator
+                // must see these.
+                e @ (async_nats::Event::ClientError(_) | async_nats::Event::ServerError(_)) => {
+                    tracing::warn!(event = %e, "NATS error")
                 }
                 other => tracing::info!(event = %other, "NATS event"),
             }
@@ -106,17 +143,23 @@ pub async fn connect(cfg: &NatsConfig, url: &str, replica: &str) -> Result<Clien
     if let Some(ca) = &cfg.tls_ca_file {
         opts = opts.add_root_certificates(ca.into()).require_tls(true);
     }
-    if let (Some(cert), Some(key)) = (&cfg.tls_cert_file, &cfg.tls_key_file) {
-        opts = opts.add_client_certificate(cert.into(), key.into());
+    match (&cfg.tls_cert_file, &cfg.tls_key_file) {
+        (Some(cert), Some(key)) => {
+            opts = opts.add_client_certificate(cert.into(), key.into());
+        }
+        (None, None) => {}
+        // Half a client certificate would be ignored and show up only as the server's
+        // refusal: say so at start.
+        _ => return Err(Error::HalfClientCertificate),
     }
     if cfg.require_tls {
         opts = opts.require_tls(true);
     }
+    if retry_initial {
+        opts = opts.retry_on_initial_connect();
+    }
     metrics::gauge!(m::NATS_CONNECTED).set(0.0);
-    opts.connect(url).await.map_err(|source| Error::Connect {
-        url: url.to_string(),
-        source,
-    })
+    Ok(opts)
 }
 
 /// The key ring from `[nats] encryption_keys`; an error when something must be sealed and
