@@ -92,6 +92,8 @@ impl UpstreamHealth {
                         health.failed();
                     }
                 }
+                // The cutoff passes between failures too.
+                metrics::gauge!(m::UPSTREAM_CUT_OFF).set(if health.cut_off() { 1.0 } else { 0.0 });
             }
         });
     }

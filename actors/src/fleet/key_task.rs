@@ -575,6 +575,12 @@ impl KeyTask {
         if msg.subject.as_str() != f.wanted {
             return Ok(None);
         }
+        if msg.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+            // No owner yet (or it just went): ask again shortly; the role machine claims
+            // the key if the silence lasts.
+            f.snapshot_due = Instant::now() + Duration::from_millis(500);
+            return Ok(None);
+        }
         let opened = codec::frame(&msg).and_then(|frame| {
             let body = self.opener.body(&frame, &msg, &mut f.snap_parts)?;
             Ok((frame, body))

@@ -46,6 +46,18 @@ impl Kcache {
         Self::spawn(cluster, kubeconfig, extra_toml, args, false).await
     }
 
+    /// As [`Kcache::start_with_kubeconfig`], with the admin endpoints on a port of their
+    /// own: readable when the replica's upstream (which authenticates requests on the API
+    /// port) is unreachable.
+    pub async fn start_with_kubeconfig_and_admin_port(
+        cluster: &TestCluster,
+        kubeconfig: &std::path::Path,
+        extra_toml: &str,
+        args: &[&str],
+    ) -> Kcache {
+        Self::spawn(cluster, kubeconfig, extra_toml, args, true).await
+    }
+
     /// As [`Kcache::start_with_args`], with the admin endpoints on a port of their own
     /// (`--admin-listen`): the API port is then the API server's alone.
     pub async fn start_with_admin_port(
