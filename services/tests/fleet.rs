@@ -22,23 +22,6 @@ async fn replica(cluster: &TestCluster, nats: &Nats, id: &str, extra_nats: &str)
     Kcache::start_with_args(cluster, &toml, &["--replica-id", id]).await
 }
 
-/// The `/debug/keys` entry of `key` on a replica.
-async fn key_info(k: &Kcache, key: &str) -> Option<Value> {
-    let keys = k.debug_keys().await;
-    keys["keys"]
-        .as_array()?
-        .iter()
-        .find(|e| e["key"] == key)
-        .cloned()
-}
-
-async fn role(k: &Kcache, key: &str) -> String {
-    key_info(k, key)
-        .await
-        .and_then(|e| e["role"].as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
 fn spawn_watch(
     http: reqwest::Client,
     url: String,
@@ -183,7 +166,7 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
                 let key = format!("/api/v1/namespaces/fleet/secrets/s{i}");
                 let mut owners = Vec::new();
                 for k in &replicas {
-                    let Some(info) = key_info(k, &key).await else {
+                    let Some(info) = k.key_info(&key).await else {
                         return false;
                     };
                     if info["role"] == "owner" {
@@ -333,12 +316,12 @@ async fn owner_a_judge_on_b(
         |_| true,
     );
     eventually("a owns the key", Duration::from_secs(30), || async {
-        role(&a, &key).await == "owner"
+        a.role(&key).await == "owner"
     })
     .await;
     let judge = Judge::start(b.kube_client(ADMIN_TOKEN), ns);
     eventually("b mirrors the key", Duration::from_secs(30), || async {
-        role(&b, &key).await == "mirror"
+        b.role(&key).await == "mirror"
     })
     .await;
     (a, b, judge, hold_a)
@@ -376,7 +359,7 @@ async fn owner_killed_then_a_late_replica_joins() {
     // its grace period (5 s) instead of handing it over.
     hold_a.abort();
     tokio::time::sleep(Duration::from_secs(9)).await;
-    let info = key_info(&a, key).await.expect("a still caches the key");
+    let info = a.key_info(key).await.expect("a still caches the key");
     assert_eq!(info["role"], "owner", "{info}");
     assert_eq!(info["refcount"], 0, "{info}");
     assert!(info["fleetRefcount"].as_u64() >= Some(1), "{info}");
@@ -389,7 +372,7 @@ async fn owner_killed_then_a_late_replica_joins() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     a.kill9();
     eventually("b takes the key over", Duration::from_secs(30), || async {
-        role(&b, key).await == "owner"
+        b.role(key).await == "owner"
     })
     .await;
     let c = replica(&cluster, &nats, "c", "").await;
@@ -397,7 +380,7 @@ async fn owner_killed_then_a_late_replica_joins() {
     writes.await.expect("writes");
     random_ops(&upstream, 30, Duration::ZERO).await;
     converge(&[("b", &judge_b, true), ("c", &judge_c, true)], &upstream).await;
-    assert_eq!(role(&c, key).await, "mirror");
+    assert_eq!(c.role(key).await, "mirror");
     assert!(b.metric("kcache_fleet_ownership_changes_total").await >= 1.0);
 }
 
@@ -421,13 +404,13 @@ async fn nats_killed_and_restarted_on_its_port() {
     eventually(
         "b serves from its own upstream watch",
         Duration::from_secs(20),
-        || async { role(&b, key).await == "local" },
+        || async { b.role(key).await == "local" },
     )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     nats.restart();
     eventually("b rejoins the fleet", Duration::from_secs(30), || async {
-        matches!(role(&b, key).await.as_str(), "mirror" | "owner")
+        matches!(b.role(key).await.as_str(), "mirror" | "owner")
     })
     .await;
     writes.await.expect("writes");
@@ -447,10 +430,10 @@ async fn a_paused_owner_is_fenced_off() {
     let upstream: kube::Api<ConfigMap> = kube::Api::namespaced(admin, "pause");
     let key = "/api/v1/namespaces/pause/configmaps";
     eventually("c mirrors the key", Duration::from_secs(30), || async {
-        role(&c, key).await == "mirror"
+        c.role(key).await == "mirror"
     })
     .await;
-    let epoch_a = key_info(&a, key).await.expect("a's key")["epoch"]
+    let epoch_a = a.key_info(key).await.expect("a's key")["epoch"]
         .as_u64()
         .unwrap_or(0);
 
@@ -469,7 +452,7 @@ async fn a_paused_owner_is_fenced_off() {
             let (b, c) = (&b, &c);
             async move {
                 for (name, k) in [("b", b), ("c", c)] {
-                    if role(k, key).await == "owner" {
+                    if k.role(key).await == "owner" {
                         *new_owner.lock().expect("owner") = Some(name);
                         return true;
                     }
@@ -483,19 +466,14 @@ async fn a_paused_owner_is_fenced_off() {
         Some("b") => (&b, &c),
         _ => (&c, &b),
     };
-    let epoch = key_info(owner, key).await.expect("new owner's key")["epoch"]
+    let epoch = owner.key_info(key).await.expect("new owner's key")["epoch"]
         .as_u64()
         .unwrap_or(0);
     assert!(epoch > epoch_a, "epochs only grow: {epoch_a} then {epoch}");
     eventually(
         "the mirror follows the new owner",
         Duration::from_secs(20),
-        || async {
-            key_info(mirror, key)
-                .await
-                .and_then(|i| i["epoch"].as_u64())
-                == Some(epoch)
-        },
+        || async { mirror.key_info(key).await.and_then(|i| i["epoch"].as_u64()) == Some(epoch) },
     )
     .await;
     // a wakes up believing it still owns the key: what it publishes is refused.
@@ -514,7 +492,7 @@ async fn a_paused_owner_is_fenced_off() {
     eventually(
         "a steps down and follows the new owner",
         Duration::from_secs(20),
-        || async { role(&a, key).await == "mirror" },
+        || async { a.role(key).await == "mirror" },
     )
     .await;
     writes.await.expect("writes");

@@ -60,16 +60,6 @@ impl Proxy {
     }
 }
 
-async fn role(k: &Kcache, key: &str) -> String {
-    let keys = k.debug_keys().await;
-    keys["keys"]
-        .as_array()
-        .and_then(|a| a.iter().find(|e| e["key"] == key))
-        .and_then(|e| e["role"].as_str())
-        .unwrap_or_default()
-        .to_string()
-}
-
 async fn ready(k: &Kcache) -> bool {
     support::insecure_http()
         .get(format!("{}/readyz", k.admin_url))
@@ -115,12 +105,12 @@ async fn an_owner_cut_off_from_the_api_server_hands_over_and_readiness_follows()
     // a's reflector first, so a owns the key; then b's.
     let judge_a = Judge::start(a.kube_client(ADMIN_TOKEN), "cutoff");
     eventually("a owns the key", Duration::from_secs(30), || async {
-        role(&a, key).await == "owner"
+        a.role(key).await == "owner"
     })
     .await;
     let judge_b = Judge::start(b.kube_client(ADMIN_TOKEN), "cutoff");
     eventually("b mirrors the key", Duration::from_secs(30), || async {
-        role(&b, key).await == "mirror"
+        b.role(key).await == "mirror"
     })
     .await;
     random_ops(&upstream, 20, Duration::from_millis(20)).await;
@@ -135,7 +125,7 @@ async fn an_owner_cut_off_from_the_api_server_hands_over_and_readiness_follows()
     eventually(
         "b owns the key, a mirrors it",
         Duration::from_secs(30),
-        || async { role(&b, key).await == "owner" && role(&a, key).await == "mirror" },
+        || async { b.role(key).await == "owner" && a.role(key).await == "mirror" },
     )
     .await;
     eventually(
@@ -166,7 +156,7 @@ async fn an_owner_cut_off_from_the_api_server_hands_over_and_readiness_follows()
         judge.assert_clean(who);
     }
     // a claims nothing while cut off, even long after b's last heartbeat would do.
-    assert_eq!(role(&a, key).await, "mirror");
+    assert_eq!(a.role(key).await, "mirror");
 
     // No healthy peer left: a keeps serving what it has, and says it is not ready.
     b.kill9();
@@ -184,7 +174,7 @@ async fn an_owner_cut_off_from_the_api_server_hands_over_and_readiness_follows()
     })
     .await;
     eventually("a owns the key again", Duration::from_secs(30), || async {
-        role(&a, key).await == "owner"
+        a.role(key).await == "owner"
     })
     .await;
     random_ops(&upstream, 20, Duration::ZERO).await;

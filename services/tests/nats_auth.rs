@@ -33,17 +33,6 @@ async fn replica(cluster: &TestCluster, toml: &str, id: &str) -> Kcache {
     Kcache::start_with_args(cluster, toml, &["--replica-id", id]).await
 }
 
-/// The `/debug/keys` role of `key` on a replica ("" when it does not cache the key).
-async fn role(k: &Kcache, key: &str) -> String {
-    let keys = k.debug_keys().await;
-    keys["keys"]
-        .as_array()
-        .and_then(|keys| keys.iter().find(|e| e["key"] == key))
-        .and_then(|e| e["role"].as_str())
-        .unwrap_or_default()
-        .to_string()
-}
-
 /// A watch of the ConfigMaps of `ns` on `k`, as admin; its events on a channel.
 async fn watch(k: &Kcache, ns: &str) -> UnboundedReceiver<Value> {
     let resp = support::insecure_http()
@@ -163,12 +152,12 @@ async fn fleet_and_outsider(
     // A client on a first: a owns the key; then one on b, which mirrors it.
     let mut on_a = watch(&a, ns).await;
     eventually("a owns the key", Duration::from_secs(20), || async {
-        role(&a, &key).await == "owner"
+        a.role(&key).await == "owner"
     })
     .await;
     let mut on_b = watch(&b, ns).await;
     eventually("b mirrors the key", Duration::from_secs(20), || async {
-        role(&b, &key).await == "mirror"
+        b.role(&key).await == "mirror"
     })
     .await;
     // c cannot reach the fleet: after fallback_after_ms (1 s) it watches upstream itself.
@@ -176,7 +165,7 @@ async fn fleet_and_outsider(
     eventually(
         "c falls back to its own upstream watch",
         Duration::from_secs(20),
-        || async { role(&c, &key).await == "local" },
+        || async { c.role(&key).await == "local" },
     )
     .await;
 
@@ -204,8 +193,8 @@ async fn fleet_and_outsider(
     }
 
     // b's events came over NATS from a: a holds the fleet's one upstream watch, b none.
-    assert_eq!(role(&a, &key).await, "owner");
-    assert_eq!(role(&b, &key).await, "mirror");
+    assert_eq!(a.role(&key).await, "owner");
+    assert_eq!(b.role(&key).await, "mirror");
     assert_eq!(a.metric("kcache_upstream_watches").await, 1.0);
     assert_eq!(b.metric("kcache_upstream_watches").await, 0.0);
     assert!(b.metric("kcache_nats_messages_received_total").await > 0.0);
@@ -216,7 +205,7 @@ async fn fleet_and_outsider(
     assert_eq!(gauge(&c, "kcache_nats_connected").await, 0.0);
     assert_eq!(c.metric("kcache_nats_reconnects_total").await, 0.0);
     assert_eq!(c.metric("kcache_nats_messages_received_total").await, 0.0);
-    assert_eq!(role(&c, &key).await, "local");
+    assert_eq!(c.role(&key).await, "local");
     assert_eq!(c.metric("kcache_upstream_watches").await, 1.0);
 
     // c says it failed to connect, and why.

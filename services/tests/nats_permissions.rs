@@ -46,16 +46,6 @@ async fn connect(nats: &ConfNats, user: &str, password: &str) -> async_nats::Cli
         .expect("connect to nats-server")
 }
 
-async fn key_role(k: &Kcache, key: &str) -> String {
-    let keys = k.debug_keys().await;
-    keys["keys"]
-        .as_array()
-        .and_then(|a| a.iter().find(|e| e["key"] == key))
-        .and_then(|e| e["role"].as_str())
-        .unwrap_or_default()
-        .to_string()
-}
-
 /// Messages a subscription receives within `wait`.
 async fn drain(sub: &mut async_nats::Subscriber, wait: Duration) -> Vec<async_nats::Message> {
     let mut got = Vec::new();
@@ -118,7 +108,7 @@ async fn documented_permissions_scope_a_reader_to_its_namespace() {
             eventually(
                 &format!("{want} of {key}"),
                 Duration::from_secs(30),
-                || async { key_role(k, &key).await == want },
+                || async { k.role(&key).await == want },
             )
             .await;
         }

@@ -247,18 +247,6 @@ async fn until_added(rx: &mut Events, name: &str) {
         .unwrap_or_else(|_| panic!("no ADDED {name} within 30 s"));
 }
 
-/// The fleet role (`owner`, `mirror`, `local`) of `key` on a replica.
-async fn role(k: &Kcache, key: &str) -> String {
-    k.debug_keys().await["keys"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|e| e["key"] == key)
-        .and_then(|e| e["role"].as_str())
-        .unwrap_or_default()
-        .to_string()
-}
-
 /// A renamed or dropped metric must not leave a panel empty: every metric the dashboard
 /// reads is on the `/metrics` of a live fleet of two kcache replicas (an owner and a
 /// mirror) that served cached and proxied reads, watches, writes and refusals, except
@@ -361,7 +349,7 @@ async fn dashboard_queries_read_metrics_a_live_kcache_exports() {
     .await;
     assert_eq!(resp.status().as_u16(), 200, "get");
     eventually("a owns the key", Duration::from_secs(30), || async {
-        role(&a, &configmaps).await == "owner"
+        a.role(&configmaps).await == "owner"
     })
     .await;
 
@@ -412,7 +400,7 @@ async fn dashboard_queries_read_metrics_a_live_kcache_exports() {
     // `b` mirrors the key: its watch gets the owner's events over NATS.
     let mut watch_b = open_watch(&b, "resourceVersion=0", ADMIN_TOKEN).await;
     eventually("b mirrors the key", Duration::from_secs(30), || async {
-        role(&b, &configmaps).await == "mirror"
+        b.role(&configmaps).await == "mirror"
     })
     .await;
     create_configmap(&a, "c6", "6").await;
@@ -434,7 +422,7 @@ async fn dashboard_queries_read_metrics_a_live_kcache_exports() {
     eventually(
         "b falls back to its own upstream watch",
         Duration::from_secs(30),
-        || async { role(&b, &configmaps).await == "local" },
+        || async { b.role(&configmaps).await == "local" },
     )
     .await;
 

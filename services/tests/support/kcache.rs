@@ -185,6 +185,24 @@ impl Kcache {
         sum_samples(&self.metrics_text().await, name, None)
     }
 
+    /// The `/debug/keys` entry of `key`.
+    pub async fn key_info(&self, key: &str) -> Option<serde_json::Value> {
+        let keys = self.debug_keys().await;
+        keys["keys"]
+            .as_array()?
+            .iter()
+            .find(|e| e["key"] == key)
+            .cloned()
+    }
+
+    /// The fleet role (`owner`, `mirror`, `local`) of `key`, "" when not cached.
+    pub async fn role(&self, key: &str) -> String {
+        self.key_info(key)
+            .await
+            .and_then(|e| e["role"].as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+
     pub async fn debug_keys(&self) -> serde_json::Value {
         super::insecure_http()
             .get(format!("{}/debug/keys", self.admin_url))
