@@ -32,6 +32,8 @@ pub enum Error {
     Keyring(#[from] seal::Error),
     #[error("with --nats, objects of {0:?} are sealed on NATS: set [nats] encryption_keys and encryption_active_key (or remove it from encrypt_resources)")]
     NoEncryptionKey(String),
+    #[error("[nats] {name} = {value:?} is not a NATS subject prefix (dot-separated tokens, no wildcards or whitespace)")]
+    Prefix { name: &'static str, value: String },
     #[error("[nats] tls_cert_file and tls_key_file go together: set both or neither")]
     HalfClientCertificate,
     #[error("cannot connect to NATS at {url}: {source}")]
@@ -52,6 +54,17 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// travels only in the error, never in the client's events), then the client keeps
 /// trying in the background.
 pub async fn connect(cfg: &NatsConfig, url: &str, replica: &str) -> Result<Client> {
+    for (name, value) in [
+        ("subject_prefix", &cfg.subject_prefix),
+        ("inbox_prefix", &cfg.inbox_prefix),
+    ] {
+        if !valid_prefix(value) {
+            return Err(Error::Prefix {
+                name,
+                value: value.clone(),
+            });
+        }
+    }
     match options(cfg, replica, false).await?.connect(url).await {
         Ok(client) => return Ok(client),
         Err(error) => {
@@ -192,4 +205,30 @@ pub fn load_keyring(cfg: &NatsConfig) -> Result<Option<Arc<Keyring>>> {
         .clone()
         .unwrap_or_else(|| cfg.encryption_keys[0].id.clone());
     Ok(Some(Arc::new(Keyring::new(keys, &active)?)))
+}
+
+/// Dot-separated non-empty tokens without wildcards or whitespace.
+fn valid_prefix(p: &str) -> bool {
+    !p.is_empty()
+        && p.split('.').all(|t| {
+            !t.is_empty()
+                && !t
+                    .chars()
+                    .any(|c| c == '*' || c == '>' || c.is_whitespace() || c.is_control())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_are_plain_subject_tokens() {
+        for ok in ["kcache", "_KCACHE_INBOX", "team.kcache", "a-b_c"] {
+            assert!(valid_prefix(ok), "{ok}");
+        }
+        for bad in ["", "a..b", ".a", "a.", "a.*", ">", "a b", "a\tb"] {
+            assert!(!valid_prefix(bad), "{bad:?}");
+        }
+    }
 }
