@@ -65,7 +65,18 @@ pub async fn connect(cfg: &NatsConfig, url: &str, replica: &str) -> Result<Clien
             });
         }
     }
-    match options(cfg, replica, false).await?.connect(url).await {
+    // `[nats] url` and `--nats` take a comma-separated list (every node of a cluster), which
+    // async-nats reads as one address: split it.
+    let urls: Vec<&str> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    match options(cfg, replica, false)
+        .await?
+        .connect(urls.as_slice())
+        .await
+    {
         Ok(client) => return Ok(client),
         Err(error) => {
             let mut cause = error.to_string();
@@ -80,7 +91,7 @@ pub async fn connect(cfg: &NatsConfig, url: &str, replica: &str) -> Result<Clien
     }
     options(cfg, replica, true)
         .await?
-        .connect(url)
+        .connect(urls.as_slice())
         .await
         .map_err(|source| Error::Connect {
             url: url.to_string(),
