@@ -21,6 +21,7 @@
 pub mod judge;
 pub mod kcache;
 pub mod nats;
+pub mod nats_cluster;
 pub mod nats_conf;
 
 use std::collections::HashSet;
