@@ -694,7 +694,9 @@ impl CachedObject {
                 self.heartbeat_ms = heartbeat.as_millis() as u64;
                 self.last_heartbeat_ms = 0;
                 self.status.update_fleet(|f| f.seq = self.seq);
-                self.read_upstream(upstream, ctx);
+                if let Some(upstream) = upstream {
+                    self.read_upstream(upstream, ctx);
+                }
             }
             Role::Local { upstream } => {
                 self.listener = None;

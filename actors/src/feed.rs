@@ -47,11 +47,13 @@ pub enum SourceMsg {
 pub enum Role {
     /// Holds the upstream watch, whose messages the CachedObject now reads itself, and
     /// publishes through `listener` with `epoch`.
+    /// `upstream` is `None` when an owner only changes epoch (its lease was created
+    /// again) and keeps its read.
     Owner {
         epoch: u64,
         listener: Addr<Listener>,
         heartbeat: Duration,
-        upstream: UpstreamFeed,
+        upstream: Option<UpstreamFeed>,
     },
     /// Fed from the owner over NATS, through the fleet source's own messages.
     Mirror,

@@ -245,7 +245,6 @@ fn nodes_of(k: &Kcache, nats: &NatsCluster) -> Vec<usize> {
 // the very next stream sequence). The owner steps down and the key has no owner for ~3 s,
 // until a mirror's silence timer claims it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "kcache bug: an owner whose lease aged out while the lease stream elected a new leader steps down with no other holder; the key goes ~3 s without an owner"]
 async fn leases_survive_losing_the_lease_leader_node() {
     let t0 = Instant::now();
     let cluster = TestCluster::start().await;

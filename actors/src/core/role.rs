@@ -78,6 +78,9 @@ pub enum Renewed {
     },
     /// The lease moved: another replica owns the key.
     Lost,
+    /// The lease aged out and nobody holds it (renewals failed for a TTL, e.g. while the
+    /// lease stream elected a new leader): create it again rather than give the key up.
+    Expired,
     Failed,
 }
 
@@ -128,6 +131,11 @@ pub enum Effect {
     Own {
         epoch: u64,
     },
+    /// Still the owner, under a new epoch (its lease was created again): publish with it,
+    /// keep the upstream read.
+    Reown {
+        epoch: u64,
+    },
     /// Stop any upstream read; follow the owner (subscribe, resynchronise).
     Follow,
     /// Stop following; read upstream directly.
@@ -159,6 +167,8 @@ pub struct RoleMachine {
     next_takeover_ms: u64,
     /// Owner: the next renewal.
     next_renew_ms: u64,
+    /// Owner: its lease aged out; the next attempt creates it again.
+    expired: bool,
     /// A claim or renewal is in flight: nothing new is asked until it answers.
     asking: bool,
     /// Mirror: NATS has been disconnected since.
@@ -178,6 +188,7 @@ impl RoleMachine {
             next_claim_ms: 0,
             next_takeover_ms: 0,
             next_renew_ms: 0,
+            expired: false,
             asking: false,
             cut_off_since: None,
             rejoin_at: None,
@@ -192,6 +203,11 @@ impl RoleMachine {
     /// Why the last change of phase happened.
     pub fn why(&self) -> Option<Why> {
         self.why
+    }
+
+    /// How soon a failed renewal is tried again.
+    fn retry_after(&self) -> u64 {
+        (self.t.renew_every() / 4).max(100)
     }
 
     fn claim(&mut self, takeover: bool) -> Vec<Effect> {
@@ -225,6 +241,22 @@ impl RoleMachine {
                 self.next_renew_ms = now + self.t.renew_every();
                 vec![Effect::Own { epoch }]
             }
+            (P::Owner { .. }, Input::Claimed(Claimed::Won { epoch })) if self.expired => {
+                self.expired = false;
+                self.asking = false;
+                self.phase = P::Owner { epoch, rev: epoch };
+                self.next_renew_ms = now + self.t.renew_every();
+                vec![Effect::Reown { epoch }]
+            }
+            (P::Owner { .. }, Input::Claimed(Claimed::Lost)) if self.expired => {
+                self.expired = false;
+                self.follow(now, Some(Why::LeaseLost))
+            }
+            (P::Owner { .. }, Input::Claimed(Claimed::Failed)) if self.expired => {
+                self.asking = false;
+                self.next_renew_ms = now + self.retry_after();
+                Vec::new()
+            }
             (P::Contending, Input::Claimed(_)) => self.follow(now, None),
             (P::Mirror, Input::Claimed(_)) => {
                 self.asking = false;
@@ -242,10 +274,18 @@ impl RoleMachine {
             (P::Owner { .. }, Input::Renewed(Renewed::Lost)) => {
                 self.follow(now, Some(Why::LeaseLost))
             }
+            (P::Owner { .. }, Input::Renewed(Renewed::Expired)) => {
+                // Nobody took it: this replica's own lease ran out (JetStream was away
+                // longer than the TTL). Create it again; giving the key up would leave it
+                // without an owner until a mirror's silence timer.
+                self.expired = true;
+                self.claim(false)
+            }
             (P::Owner { .. }, Input::Renewed(Renewed::Failed)) => {
-                // NATS is unreachable: keep the upstream watch and keep serving; the next
-                // renewal decides.
+                // NATS or JetStream is unreachable: keep the upstream watch and keep
+                // serving; try again soon, so the lease does not age out meanwhile.
                 self.asking = false;
+                self.next_renew_ms = now + self.retry_after();
                 Vec::new()
             }
             (_, Input::Renewed(_)) => Vec::new(),
@@ -276,6 +316,9 @@ impl RoleMachine {
                 }
                 if !self.asking && now >= self.next_renew_ms {
                     self.next_renew_ms = now + self.t.renew_every();
+                    if self.expired {
+                        return self.claim(false);
+                    }
                     self.asking = true;
                     return vec![Effect::Renew { rev }];
                 }
@@ -428,7 +471,46 @@ mod tests {
             nats_connected: false,
             ..world()
         };
-        assert_eq!(m.apply(2_100, Input::Tick(cut)), [Effect::Renew { rev: 7 }]);
+        // Tried again a quarter of a renewal period later, not a whole one.
+        assert_eq!(m.apply(1_300, Input::Tick(cut.clone())), []);
+        assert_eq!(m.apply(1_350, Input::Tick(cut)), [Effect::Renew { rev: 7 }]);
+    }
+
+    #[test]
+    fn owner_whose_lease_aged_out_creates_it_again_under_a_new_epoch() {
+        let mut m = owner();
+        m.apply(1_001, Input::Tick(world()));
+        assert_eq!(
+            m.apply(1_002, Input::Renewed(Renewed::Expired)),
+            [Effect::Claim { takeover: false }]
+        );
+        assert_eq!(
+            m.apply(1_003, Input::Claimed(Claimed::Won { epoch: 12 })),
+            [Effect::Reown { epoch: 12 }]
+        );
+        assert_eq!(m.phase(), &Phase::Owner { epoch: 12, rev: 12 });
+        assert_eq!(
+            m.apply(2_004, Input::Tick(world())),
+            [Effect::Renew { rev: 12 }]
+        );
+    }
+
+    #[test]
+    fn owner_whose_lease_aged_out_and_was_taken_follows() {
+        let mut m = owner();
+        m.apply(1_001, Input::Tick(world()));
+        m.apply(1_002, Input::Renewed(Renewed::Expired));
+        // JetStream still away: the next try is a create again, soon.
+        assert_eq!(m.apply(1_003, Input::Claimed(Claimed::Failed)), []);
+        assert_eq!(
+            m.apply(1_300, Input::Tick(world())),
+            [Effect::Claim { takeover: false }]
+        );
+        assert_eq!(
+            m.apply(1_301, Input::Claimed(Claimed::Lost)),
+            [Effect::Follow]
+        );
+        assert_eq!(m.why(), Some(Why::LeaseLost));
     }
 
     #[test]

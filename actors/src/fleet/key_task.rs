@@ -247,6 +247,7 @@ impl KeyTask {
                 Ok(None)
             }
             Effect::Own { epoch } => self.own(epoch).await.map(|()| None),
+            Effect::Reown { epoch } => self.reown(epoch).await.map(|()| None),
             Effect::Follow => self.follow().await.map(|()| None),
             Effect::GoLocal => self.go_local().await.map(|()| None),
             Effect::Exit => Err(Gone),
@@ -288,7 +289,7 @@ impl KeyTask {
             epoch,
             listener,
             heartbeat: fleet.cfg.heartbeat(),
-            upstream,
+            upstream: Some(upstream),
         };
         self.send(SourceMsg::Role(role)).await?;
         let snaps = fleet
@@ -312,6 +313,27 @@ impl KeyTask {
             _gauge: RoleGauge::new(m::FLEET_OWNED_KEYS),
         };
         Ok(())
+    }
+
+    /// The lease was created again after aging out: publish under the new epoch (mirrors
+    /// resynchronise on it), keep the upstream read.
+    async fn reown(&mut self, epoch: u64) -> Result<(), Gone> {
+        let fleet = self.fleet.clone();
+        let Held::Upstream { owner: Some(o), .. } = &mut self.held else {
+            return Ok(());
+        };
+        tracing::warn!(key = %self.key, epoch, "the key's lease aged out with nobody holding it; created it again");
+        metrics::counter!(m::FLEET_OWNERSHIP_CHANGES, "change" => "recreated").increment(1);
+        o.outlet.epoch = epoch;
+        let listener = Listener::new(o.outlet.clone(), fleet.cfg.listener_buffer).start();
+        self.status.update_fleet(|f| f.epoch = epoch);
+        let role = Role::Owner {
+            epoch,
+            listener,
+            heartbeat: fleet.cfg.heartbeat(),
+            upstream: None,
+        };
+        self.send(SourceMsg::Role(role)).await
     }
 
     async fn follow(&mut self) -> Result<(), Gone> {

@@ -148,11 +148,21 @@ impl Leases {
         lease::parse_stored(&answer)
     }
 
-    /// Renews the lease held at `rev`.
+    /// Renews the lease held at `rev`. A refused renewal is looked into: the lease may
+    /// have aged out with nobody holding it (JetStream away for a TTL), or still be this
+    /// replica's at a newer revision (a renewal whose answer was lost was written).
     pub async fn renew(&self, token: &str, rev: u64) -> Renewed {
         match self.write(token, rev).await {
             Ok(lease::Ack::Written(rev)) => Renewed::Ok { rev },
-            Ok(lease::Ack::Conflict) => Renewed::Lost,
+            Ok(lease::Ack::Conflict) => match self.current(token).await {
+                Ok(None) => Renewed::Expired,
+                Ok(Some((rev, holder))) if holder == self.replica => Renewed::Ok { rev },
+                Ok(Some(_)) => Renewed::Lost,
+                Err(error) => {
+                    tracing::debug!(token, %error, "cannot read the lease after a refused renewal");
+                    Renewed::Failed
+                }
+            },
             Ok(lease::Ack::Failed(error)) | Err(error) => {
                 tracing::debug!(token, %error, "lease renewal failed");
                 Renewed::Failed
