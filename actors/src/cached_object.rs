@@ -256,7 +256,7 @@ impl CachedObject {
         }
     }
 
-    fn on_listed(&mut self, items: Vec<Object>, rv: u64) {
+    fn on_listed(&mut self, items: Vec<Object>, rv: u64, gap: bool) {
         let before_objects = self.store.len();
         let before_window = self.window.len();
         let large = items.len() >= LARGE_LIST;
@@ -273,7 +273,7 @@ impl CachedObject {
             }
             Effect::Relist { rv } => {
                 let listed = items.take().unwrap_or_default();
-                this.relist(listed, rv);
+                this.relist(listed, rv, gap);
             }
             _ => {}
         });
@@ -285,14 +285,44 @@ impl CachedObject {
         }
     }
 
-    /// The key missed events. Their net effect enters the window as events at the
-    /// objects' own RVs (deletions at the list's), as DeltaFIFO's Replace does: the window
-    /// keeps its history, so watchers resuming from before the gap get the changes
-    /// instead of a 410 — a client's read of a newer RV (a probe) must not be able to cut
+    /// A list that differs from the store.
+    ///
+    /// After a gap (`gap`: the events in between are gone for good) the store takes the
+    /// list, the window restarts at its RV and every watch ends, as the API server's
+    /// cacher terminates its watchers when its reflector relists: a client resumes from
+    /// its last RV and, from before the list, gets a 410 and relists itself. Emitting the
+    /// net change instead would skip intermediate states and date deletions at the list's
+    /// RV — events that never happened, without telling the client (found by
+    /// `loadtest/chaos.sh` after owner changes over a compacted history).
+    ///
+    /// Otherwise (a probe's list: the differences are events still on their way) the net
+    /// effect enters the window as events at the objects' own RVs (deletions at the
+    /// list's), as DeltaFIFO's Replace does, so a client's read of a newer RV does not cut
     /// every other watcher's window.
-    fn relist(&mut self, listed: Vec<Object>, rv: u64) {
+    fn relist(&mut self, listed: Vec<Object>, rv: u64, gap: bool) {
         let changes = relist::diff(&self.store, listed, rv);
         if changes.is_empty() {
+            return;
+        }
+        if gap {
+            tracing::info!(key = %self.key, rv, changes = changes.len(), watchers = self.watchers.len(), "relist after a gap; ending the key's watches so clients resume from the list");
+            for c in changes {
+                match c.kind {
+                    EventType::Deleted => {
+                        self.store.remove(&c.object);
+                    }
+                    EventType::Added | EventType::Modified => {
+                        self.store.upsert(c.object.clone());
+                    }
+                }
+            }
+            self.window.reset(rv);
+            for (_, w) in self.watchers.drain() {
+                w.addr.do_send(watcher::Close {
+                    reason: watcher::CloseReason::Resync,
+                });
+            }
+            self.status.watchers.store(0, Ordering::Relaxed);
             return;
         }
         tracing::info!(key = %self.key, rv, changes = changes.len(), "relist found changes; emitting synthetic events");
@@ -805,7 +835,7 @@ impl Actor for CachedObject {
 impl StreamHandler<SourceMsg> for CachedObject {
     fn handle(&mut self, msg: SourceMsg, ctx: &mut Self::Context) {
         match msg {
-            SourceMsg::Listed { items, rv } => self.on_listed(items, rv),
+            SourceMsg::Listed { items, rv, gap } => self.on_listed(items, rv, gap),
             SourceMsg::Event { kind, object, rv } => self.on_event(kind, object, rv),
             SourceMsg::Progress { rv } => self.step(Input::Progress { rv }, |_, _| {}),
             SourceMsg::Replayed { from, replay } => self.on_replayed(from, replay),

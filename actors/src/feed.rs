@@ -23,7 +23,16 @@ use crate::listener::Listener;
 #[derive(Debug)]
 pub enum SourceMsg {
     /// A complete list of the key at `rv` (initial sync, relist, verification or probe).
-    Listed { items: Vec<Object>, rv: u64 },
+    /// `gap`: the key missed events it cannot get back (a relist after a 410, a mirror's
+    /// snapshot resync); the CachedObject then ends its watches, as the API server's
+    /// cacher terminates its watchers when its reflector relists, and they resume (with a
+    /// 410 when from before the list). Without it (a probe, a verification) the list's
+    /// differences are events still on their way, emitted as synthetic events.
+    Listed {
+        items: Vec<Object>,
+        rv: u64,
+        gap: bool,
+    },
     /// One upstream event at `rv`.
     Event {
         kind: EventType,

@@ -539,11 +539,14 @@ impl Run {
         loop {
             let after_list = std::mem::take(&mut listed);
             let input = match action {
-                Action::List { rv } => match self.list(rv).await {
+                Action::List { rv: from } => match self.list(from).await {
                     Ok((items, rv)) => {
                         self.up.health.ok();
                         let frozen = self.frozen(&items);
-                        if self.tx.send(SourceMsg::Listed { items, rv }).await.is_err() {
+                        // A list from a known RV follows a watch that could not go on (410):
+                        // the events in between are gone.
+                        let gap = from.is_some();
+                        if self.tx.send(SourceMsg::Listed { items, rv, gap }).await.is_err() {
                             return;
                         }
                         listed = true;
@@ -675,7 +678,7 @@ impl Run {
                         Some(SourceCmd::Probe) => {
                             match self.list(None).await {
                                 Ok((items, rv)) => {
-                                    if self.tx.send(SourceMsg::Listed { items, rv }).await.is_err() {
+                                    if self.tx.send(SourceMsg::Listed { items, rv, gap: false }).await.is_err() {
                                         return Ok(WatchEnd::Closed);
                                     }
                                     // Events at or below the probe's RV are dropped by the

@@ -537,6 +537,9 @@ pub struct Bookmark {
 pub enum CloseReason {
     TooSlow,
     KeyStopped,
+    /// The key relisted after a gap: the client resumes from its last RV (as after the
+    /// API server's cacher terminated its watchers).
+    Resync,
     /// Shutdown: send a last bookmark (when allowed) so the client resumes exactly here.
     Draining {
         rv: u64,

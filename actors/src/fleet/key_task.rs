@@ -764,9 +764,11 @@ impl KeyTask {
                     &self.key.resource.kind,
                     &self.key.resource.api_version(),
                 ) {
+                    // The owner's window did not reach back to this replica's RV.
                     Ok((items, _)) => SourceMsg::Listed {
                         items,
                         rv: stamp.rv,
+                        gap: true,
                     },
                     Err(error) => {
                         tracing::warn!(key = %self.key, %error, "undecodable snapshot; asking again");
