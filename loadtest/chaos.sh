@@ -127,13 +127,10 @@ lease_replicas = 3
 id = "k1"
 file = "$dir/nats-key"
 EOF
-# Which NATS URLs each replica gets. `list`: all three, comma-separated, as the fleet
-# overlay sets KCACHE_NATS_URL — kcache at this commit refuses that ("NATS server URL is
-# invalid: invalid port number": the string reaches async-nats as one URL). `one`
-# (default until that is fixed): replica rN gets node nN's URL alone and learns the other
-# nodes from the cluster (NATS servers advertise their peers to clients, and async-nats
-# reconnects to those), so a replica still survives the death of its node.
-url_mode=${KCACHE_CHAOS_NATS_URLS:-one}
+# Which NATS URLs each replica gets. `list` (default): all three, comma-separated, as the
+# fleet overlay sets KCACHE_NATS_URL. `one`: replica rN gets node nN's URL alone and learns
+# the other nodes from the cluster (NATS servers advertise their peers to clients).
+url_mode=${KCACHE_CHAOS_NATS_URLS:-list}
 replica_args=()
 i=0
 for r in r0 r1 r2; do
