@@ -24,3 +24,8 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Each integration test starts its own API server; two at a time suit a 2-core machine.
 cargo test --workspace --locked -- --test-threads=2
+# The fleet's chaos soak, 60 s with a fixed seed (replayable): a real API server, a 3-node
+# NATS cluster and 3 replicas under kill -9s, pauses, compactions and an API server
+# restart; fails on any lost, duplicated or going-back event (loadtest/README.md). The
+# debug build: its dependencies are the tests' own, already compiled.
+KCACHE_CHAOS_PROFILE=debug loadtest/chaos.sh --duration 60 --seed "${KCACHE_CHAOS_SEED:-7}"
