@@ -15,8 +15,10 @@
 # with KCACHE_CHAOS_KEEP_LOGS=1.
 #
 # Installs nothing beyond scripts/ensure-deps.sh; builds kcache and kcache-chaos in
-# release (KCACHE_CHAOS_NO_BUILD=1: use the binaries as they are; CARGO_TARGET_DIR is
-# where they are built and taken from). `--duration 60` takes about 2.5 minutes once built.
+# release (KCACHE_CHAOS_PROFILE=debug: the debug build, which CI's test build has mostly
+# compiled already; KCACHE_CHAOS_NO_BUILD=1: use the binaries as they are;
+# CARGO_TARGET_DIR is where they are built and taken from). `--duration 60` takes about
+# 2.5 minutes once built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,9 +40,14 @@ done
 bin=$(scripts/ensure-deps.sh | tail -1)
 target=${CARGO_TARGET_DIR:-target}
 [[ $target == /* ]] || target=$PWD/$target
-release=$target/release
+profile=${KCACHE_CHAOS_PROFILE:-release}
+case $profile in
+  release) release=$target/release; build=(--release) ;;
+  debug) release=$target/debug; build=() ;;
+  *) echo "chaos.sh: KCACHE_CHAOS_PROFILE must be release or debug" >&2; exit 2 ;;
+esac
 if [[ -z ${KCACHE_CHAOS_NO_BUILD:-} ]]; then
-  cargo build --release -p kcache -p kcache-loadtest --bin kcache --bin kcache-chaos
+  cargo build "${build[@]}" --locked -p kcache -p kcache-loadtest --bin kcache --bin kcache-chaos
 fi
 nats_server=$(command -v nats-server || echo /usr/sbin/nats-server)
 
