@@ -317,6 +317,11 @@ impl CachedObject {
                 }
             }
             self.window.reset(rv);
+            // An owner's mirrors must not carry on as if nothing happened: a sequence
+            // number skipped makes the next heartbeat a gap to them, and they resynchronise
+            // (their own watches end the same way).
+            self.seq += 1;
+            self.last_heartbeat_ms = 0;
             for (_, w) in self.watchers.drain() {
                 w.addr.do_send(watcher::Close {
                     reason: watcher::CloseReason::Resync,

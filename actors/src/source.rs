@@ -546,7 +546,12 @@ impl Run {
                         // A list from a known RV follows a watch that could not go on (410):
                         // the events in between are gone.
                         let gap = from.is_some();
-                        if self.tx.send(SourceMsg::Listed { items, rv, gap }).await.is_err() {
+                        if self
+                            .tx
+                            .send(SourceMsg::Listed { items, rv, gap })
+                            .await
+                            .is_err()
+                        {
                             return;
                         }
                         listed = true;
