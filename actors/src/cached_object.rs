@@ -285,6 +285,18 @@ impl CachedObject {
         }
     }
 
+    /// Applies one of a relist's changes to the store.
+    fn store_change(&mut self, c: &relist::Change) {
+        match c.kind {
+            EventType::Deleted => {
+                self.store.remove(&c.object);
+            }
+            EventType::Added | EventType::Modified => {
+                self.store.upsert(c.object.clone());
+            }
+        }
+    }
+
     /// A list that differs from the store.
     ///
     /// After a gap (`gap`: the events in between are gone for good) the store takes the
@@ -306,15 +318,8 @@ impl CachedObject {
         }
         if gap {
             tracing::info!(key = %self.key, rv, changes = changes.len(), watchers = self.watchers.len(), "relist after a gap; ending the key's watches so clients resume from the list");
-            for c in changes {
-                match c.kind {
-                    EventType::Deleted => {
-                        self.store.remove(&c.object);
-                    }
-                    EventType::Added | EventType::Modified => {
-                        self.store.upsert(c.object.clone());
-                    }
-                }
+            for c in &changes {
+                self.store_change(c);
             }
             self.window.reset(rv);
             // An owner's mirrors must not carry on as if nothing happened: a sequence
@@ -333,14 +338,7 @@ impl CachedObject {
         tracing::info!(key = %self.key, rv, changes = changes.len(), "relist found changes; emitting synthetic events");
         metrics::counter!(m::RELIST_EVENTS, &self.labels).increment(changes.len() as u64);
         for c in changes {
-            match c.kind {
-                EventType::Deleted => {
-                    self.store.remove(&c.object);
-                }
-                EventType::Added | EventType::Modified => {
-                    self.store.upsert(c.object.clone());
-                }
-            }
+            self.store_change(&c);
             self.seq += 1;
             let ev = Arc::new(StoreEvent::new(self.seq, c.rv, c.kind, c.object, c.prev));
             self.window.push(ev.clone());

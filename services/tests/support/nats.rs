@@ -16,7 +16,8 @@ pub struct Nats {
     child: Option<Child>,
 }
 
-fn nats_server() -> String {
+/// The nats-server binary: Debian's, or the first on PATH.
+pub fn nats_server() -> String {
     for p in [
         "/usr/sbin/nats-server",
         "/usr/bin/nats-server",

@@ -17,19 +17,6 @@ use super::nats::NATS_TOKEN;
 /// The cluster's name (`cluster { name }`).
 pub const CLUSTER_NAME: &str = "kcache-test";
 
-fn nats_server() -> String {
-    for p in [
-        "/usr/sbin/nats-server",
-        "/usr/bin/nats-server",
-        "/usr/local/bin/nats-server",
-    ] {
-        if Path::new(p).exists() {
-            return p.to_string();
-        }
-    }
-    "nats-server".to_string()
-}
-
 /// One node of a [`NatsCluster`].
 pub struct Node {
     /// Its `server_name` (`n0`, `n1`, …): what JetStream names leaders and peers by.
@@ -73,7 +60,7 @@ impl Node {
             use std::io::Write;
             writeln!(log, "=== kcache tests: starting {}", self.name).expect("write nats.log");
         }
-        let child = Command::new(nats_server())
+        let child = Command::new(super::nats::nats_server())
             .arg("-c")
             .arg(self.dir.join("nats.conf"))
             .stdin(Stdio::null())

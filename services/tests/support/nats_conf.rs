@@ -13,19 +13,6 @@ use base64::Engine as _;
 use nkeys::KeyPair;
 use serde_json::{json, Value};
 
-fn nats_server() -> String {
-    for p in [
-        "/usr/sbin/nats-server",
-        "/usr/bin/nats-server",
-        "/usr/local/bin/nats-server",
-    ] {
-        if Path::new(p).exists() {
-            return p.to_string();
-        }
-    }
-    "nats-server".to_string()
-}
-
 /// A nats-server on a free loopback port, configured by `nats.conf` in its own directory
 /// (which also holds its JetStream store and `nats.log`). Dropping it kills it.
 pub struct ConfNats {
@@ -45,7 +32,7 @@ impl ConfNats {
         std::fs::write(&conf_path, conf).expect("write nats.conf");
         let port = super::free_port();
         let log = std::fs::File::create(dir.join("nats.log")).expect("create nats.log");
-        let child = Command::new(nats_server())
+        let child = Command::new(super::nats::nats_server())
             .arg("-c")
             .arg(&conf_path)
             .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js"])
