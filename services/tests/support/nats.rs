@@ -105,8 +105,23 @@ impl Drop for Nats {
 /// `[cache]` and `[nats]` TOML for a replica of a test fleet: token auth, a sealing key
 /// (files written into `dir`), and timings short enough for tests.
 pub fn fleet_toml(dir: &Path, nats: &Nats, extra_nats: &str) -> String {
+    token_replica_toml(dir, &nats.url(), extra_nats)
+}
+
+/// [`fleet_toml`] for any NATS URL (list): token auth plus `extra_nats` lines of `[nats]`.
+pub fn token_replica_toml(dir: &Path, url: &str, extra_nats: &str) -> String {
     let token = dir.join("nats-token");
     std::fs::write(&token, NATS_TOKEN).expect("token file");
+    replica_toml(
+        dir,
+        url,
+        &format!("token_file = \"{}\"\n{extra_nats}", token.display()),
+    )
+}
+
+/// `[cache]` and `[nats]` TOML for a replica pointed at `url` with `nats_lines` (auth and
+/// anything else of `[nats]`) and the fleet's shared sealing key, written into `dir`.
+pub fn replica_toml(dir: &Path, url: &str, nats_lines: &str) -> String {
     let key = dir.join("nats-key-k1");
     // 32 bytes, base64: a fixed test key (every replica of the fleet must share it).
     std::fs::write(&key, "a2NhY2hlLXRlc3Qta2V5LTMyLWJ5dGVzLWxvbmchISE=\n").expect("key file");
@@ -117,16 +132,13 @@ watch_keepalive_secs = 1
 
 [nats]
 url = "{url}"
-token_file = "{token}"
 encryption_active_key = "k1"
-{extra_nats}
+{nats_lines}
 
 [[nats.encryption_keys]]
 id = "k1"
 file = "{key}"
 "#,
-        url = nats.url(),
-        token = token.display(),
         key = key.display(),
     )
 }

@@ -292,31 +292,8 @@ impl Drop for NatsCluster {
 }
 
 /// `[cache]` and `[nats]` TOML for a replica of a fleet on `cluster`: every node's URL,
-/// token auth, the fleet's sealing key (files written into `dir`), as
-/// [`super::nats::fleet_toml`] writes for one server, plus `extra_nats` lines of `[nats]`.
+/// token auth, the fleet's sealing key (files written into `dir`), plus `extra_nats`
+/// lines of `[nats]`.
 pub fn fleet_toml(dir: &Path, cluster: &NatsCluster, extra_nats: &str) -> String {
-    let token = dir.join("nats-token");
-    std::fs::write(&token, NATS_TOKEN).expect("token file");
-    let key = dir.join("nats-key-k1");
-    // 32 bytes, base64: a fixed test key (every replica of the fleet must share it).
-    std::fs::write(&key, "a2NhY2hlLXRlc3Qta2V5LTMyLWJ5dGVzLWxvbmchISE=\n").expect("key file");
-    format!(
-        r#"[cache]
-grace_period_secs = 5
-watch_keepalive_secs = 1
-
-[nats]
-url = "{url}"
-token_file = "{token}"
-encryption_active_key = "k1"
-{extra_nats}
-
-[[nats.encryption_keys]]
-id = "k1"
-file = "{key}"
-"#,
-        url = cluster.urls(),
-        token = token.display(),
-        key = key.display(),
-    )
+    super::nats::token_replica_toml(dir, &cluster.urls(), extra_nats)
 }

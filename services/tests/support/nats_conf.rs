@@ -296,24 +296,5 @@ pub fn creds(user_jwt: &str, user: &KeyPair) -> String {
 /// `auth` (lines of `[nats]`, e.g. `nkey_seed_file = "…"`; nothing else: no token), with
 /// the fleet's shared sealing key (written into `dir`) and `fallback_after_ms` short.
 pub fn replica_toml(dir: &Path, url: &str, auth: &str) -> String {
-    let key = dir.join("nats-key-k1");
-    // 32 bytes, base64: every replica of a fleet must share it.
-    std::fs::write(&key, "a2NhY2hlLXRlc3Qta2V5LTMyLWJ5dGVzLWxvbmchISE=\n").expect("key file");
-    format!(
-        r#"[cache]
-grace_period_secs = 5
-watch_keepalive_secs = 1
-
-[nats]
-url = "{url}"
-fallback_after_ms = 1000
-encryption_active_key = "k1"
-{auth}
-
-[[nats.encryption_keys]]
-id = "k1"
-file = "{key}"
-"#,
-        key = key.display(),
-    )
+    super::nats::replica_toml(dir, url, &format!("fallback_after_ms = 1000\n{auth}"))
 }
