@@ -1,5 +1,4 @@
-//! The bounded line queue between a [`Watcher`](crate::watcher::Watcher) and its HTTP
-//! response body.
+//! The bounded line queue between a `Watcher` and its HTTP response body.
 //!
 //! One exists per downstream watch and most of them sit idle for hours, so its idle size
 //! matters more than its throughput: tokio's `mpsc` pre-allocates a 32-slot block plus

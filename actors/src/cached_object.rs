@@ -21,9 +21,9 @@ use crate::config::CacheConfig;
 use crate::core::backfill::{self, Replay};
 use crate::core::bookmark::{next_bookmark_time, BookmarkTimer};
 use crate::core::event::{StoreEvent, BACKFILLED_SEQ};
-use crate::core::filter::EventType;
 use crate::core::key::Key;
 use crate::core::key_machine::{self, Continue, Effect, Failure, Input, KeyMachine, WatchStart};
+use crate::core::object::EventType;
 use crate::core::object::Object;
 use crate::core::relist;
 use crate::core::rv::WatchPlan;
@@ -35,7 +35,7 @@ use crate::feed::{
 };
 use crate::listener::{Listener, Publish};
 use crate::metrics as m;
-use crate::watcher::{self, Watcher};
+use crate::watch_feed::{self, CloseReason, ToWatcher, WatcherLink};
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum Error {
@@ -49,6 +49,25 @@ pub enum Error {
     /// The key is stopping; the caller should retry (it gets a new CachedObject).
     #[error("the cache for {key} is shutting down")]
     Stopping { key: String },
+}
+
+impl Error {
+    /// The Status a watch that could not start ends with.
+    pub fn status(&self) -> (u16, &'static str) {
+        match self {
+            Error::TooLargeResourceVersion { .. } => (504, "Timeout"),
+            Error::NotSynced { .. } | Error::Stopping { .. } => (503, "ServiceUnavailable"),
+        }
+    }
+
+    fn to_watcher(&self) -> ToWatcher {
+        let (code, reason) = self.status();
+        ToWatcher::Failed {
+            code,
+            reason,
+            message: self.to_string(),
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -70,12 +89,13 @@ impl Message for Read {
     type Result = Result<Snapshot>;
 }
 
-/// Register a watcher; its first message back is `watcher::Start` or `watcher::Expired`.
+/// Register a watcher; its first message back is `ToWatcher::Start`, `Expired` or
+/// `Failed`.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Subscribe {
     pub id: u64,
-    pub addr: Addr<Watcher>,
+    pub link: WatcherLink,
     pub plan: WatchPlan,
     pub allow_bookmarks: bool,
     pub deadline: Option<Instant>,
@@ -83,7 +103,7 @@ pub struct Subscribe {
 
 /// A watcher wrote its initial events or replay, up to the key's sequence number
 /// `after_seq`, and has `room` lines free in its client's buffer: the key answers with the
-/// events since (`watcher::Replay`), live once they fit, or `watcher::Expired`.
+/// events since (`ToWatcher::Replay`), live once they fit, or `ToWatcher::Expired`.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Ready {
@@ -111,7 +131,7 @@ pub struct Stop;
 pub struct Drain;
 
 struct WatcherEntry {
-    addr: Addr<Watcher>,
+    link: WatcherLink,
     allow_bookmarks: bool,
     deadline_ms: Option<u64>,
     /// Gets events and bookmarks: its initial events or replay are written (see
@@ -244,7 +264,7 @@ impl CachedObject {
                         Some(Waiter::Read(tx)) => {
                             let _ = tx.send(Err(error));
                         }
-                        Some(Waiter::Watch(sub)) => sub.addr.do_send(watcher::Failed { error }),
+                        Some(Waiter::Watch(sub)) => sub.link.do_send(error.to_watcher()),
                         None => {}
                     }
                 }
@@ -328,9 +348,7 @@ impl CachedObject {
             self.seq += 1;
             self.last_heartbeat_ms = 0;
             for (_, w) in self.watchers.drain() {
-                w.addr.do_send(watcher::Close {
-                    reason: watcher::CloseReason::Resync,
-                });
+                w.link.do_send(ToWatcher::Close(CloseReason::Resync));
             }
             self.status.watchers.store(0, Ordering::Relaxed);
             return;
@@ -388,7 +406,7 @@ impl CachedObject {
     fn dispatch(&mut self, ev: &Arc<StoreEvent>) {
         let mut slow = Vec::new();
         for (id, w) in self.watchers.iter().filter(|(_, w)| w.live) {
-            match w.addr.try_send(watcher::Dispatch(ev.clone())) {
+            match w.link.try_send(ToWatcher::Dispatch(ev.clone())) {
                 Ok(()) => {}
                 Err(SendError::Full(_)) => slow.push(*id),
                 // Already stopping; its Unsubscribe is on the way.
@@ -427,9 +445,7 @@ impl CachedObject {
                 .store(self.watchers.len(), Ordering::Relaxed);
             metrics::counter!(m::TERMINATED_WATCHERS, &self.labels).increment(1);
             tracing::warn!(key = %self.key, watcher = id, "closing unresponsive watcher: its buffer is full");
-            w.addr.do_send(watcher::Close {
-                reason: watcher::CloseReason::TooSlow,
-            });
+            w.link.do_send(ToWatcher::Close(CloseReason::TooSlow));
         }
     }
 
@@ -598,7 +614,7 @@ impl CachedObject {
             may_backfill && requested_backfillable(&self.window, from),
         );
         let start = match (decision, window) {
-            (WatchStart::Initial, _) => watcher::Start {
+            (WatchStart::Initial, _) => watch_feed::Start {
                 initial: self.store.snapshot(),
                 initial_rv: self.progress(),
                 end_bookmark: sub.plan.initial_events_end_bookmark,
@@ -606,7 +622,7 @@ impl CachedObject {
                 floor: from,
                 start_seq: self.seq,
             },
-            (WatchStart::Replay, Ok(replay)) => watcher::Start {
+            (WatchStart::Replay, Ok(replay)) => watch_feed::Start {
                 initial: Vec::new(),
                 initial_rv: self.progress(),
                 end_bookmark: false,
@@ -621,7 +637,7 @@ impl CachedObject {
             (WatchStart::Expired { oldest }, _)
             | (WatchStart::Replay, Err(window::Error::Expired { oldest, .. })) => {
                 metrics::counter!(m::EXPIRED_WATCHES, &self.labels).increment(1);
-                sub.addr.do_send(watcher::Expired {
+                sub.link.do_send(ToWatcher::Expired {
                     requested: from,
                     oldest,
                 });
@@ -630,7 +646,7 @@ impl CachedObject {
         };
         // The Start message is a one-off control message; later events are try_send'ed,
         // once the watcher has written it and is live (`Ready`).
-        sub.addr.do_send(start);
+        sub.link.do_send(ToWatcher::Start(start));
         let now = self.now_ms();
         let deadline_ms = sub
             .deadline
@@ -638,7 +654,7 @@ impl CachedObject {
         self.watchers.insert(
             sub.id,
             WatcherEntry {
-                addr: sub.addr,
+                link: sub.link,
                 allow_bookmarks: sub.allow_bookmarks,
                 deadline_ms,
                 live: false,
@@ -665,7 +681,7 @@ impl CachedObject {
             metrics::counter!(m::EXPIRED_WATCHES, &self.labels).increment(1);
             let oldest = self.window.oldest_replayable();
             if let Some(w) = self.watchers.remove(&msg.id) {
-                w.addr.do_send(watcher::Expired {
+                w.link.do_send(ToWatcher::Expired {
                     requested: msg.rv,
                     oldest,
                 });
@@ -676,11 +692,11 @@ impl CachedObject {
             return;
         };
         let live = next == Continue::Live;
-        w.addr.do_send(watcher::Replay {
+        w.link.do_send(ToWatcher::Replay(watch_feed::Replay {
             events,
             upto_seq: self.seq,
             live,
-        });
+        }));
         if live {
             w.live = true;
             if w.allow_bookmarks {
@@ -702,7 +718,7 @@ impl CachedObject {
             if !w.allow_bookmarks {
                 continue;
             }
-            let _ = w.addr.try_send(watcher::Bookmark {
+            let _ = w.link.try_send(ToWatcher::Bookmark {
                 rv: self.progress(),
             });
             if let Some(due) = next_bookmark_time(now, w.deadline_ms, freq) {
@@ -807,16 +823,13 @@ impl Actor for CachedObject {
         metrics::gauge!(m::CACHED_OBJECTS).decrement(self.store.len() as f64);
         metrics::gauge!(m::WINDOW_EVENTS).decrement(self.window.len() as f64);
         for (_, w) in self.watchers.drain() {
-            w.addr.do_send(watcher::Close {
-                reason: watcher::CloseReason::KeyStopped,
-            });
+            w.link.do_send(ToWatcher::Close(CloseReason::KeyStopped));
         }
         for (sub, _) in self.backfill.drain(..) {
-            sub.addr.do_send(watcher::Failed {
-                error: Error::Stopping {
-                    key: self.key.to_string(),
-                },
-            });
+            let err = Error::Stopping {
+                key: self.key.to_string(),
+            };
+            sub.link.do_send(err.to_watcher());
         }
         for (_, waiter) in self.waiting.drain() {
             let err = Error::Stopping {
@@ -826,7 +839,7 @@ impl Actor for CachedObject {
                 Waiter::Read(tx) => {
                     let _ = tx.send(Err(err));
                 }
-                Waiter::Watch(sub) => sub.addr.do_send(watcher::Failed { error: err }),
+                Waiter::Watch(sub) => sub.link.do_send(err.to_watcher()),
             }
         }
         // Dropping the handle aborts the source task (and its upstream watch).
@@ -933,9 +946,8 @@ impl Handler<Drain> for CachedObject {
     fn handle(&mut self, _msg: Drain, _ctx: &mut Self::Context) {
         let rv = self.progress();
         for (_, w) in self.watchers.drain() {
-            w.addr.do_send(watcher::Close {
-                reason: watcher::CloseReason::Draining { rv },
-            });
+            w.link
+                .do_send(ToWatcher::Close(CloseReason::Draining { rv }));
         }
         self.status.watchers.store(0, Ordering::Relaxed);
     }

@@ -14,8 +14,8 @@ use tokio::task::JoinHandle;
 
 use crate::core::backfill::Replay;
 use crate::core::event::StoreEvent;
-use crate::core::filter::EventType;
 use crate::core::key::Key;
+use crate::core::object::EventType;
 use crate::core::object::Object;
 use crate::listener::Listener;
 

@@ -11,7 +11,7 @@
 //! - [`health`]: whether this replica reaches the API server (readiness, fleet handover).
 //! - [`upstream_pool`]: lists and watches multiplexed over a few HTTP/2 connections.
 //! - [`watcher::Watcher`]: one downstream watch with the API server's cacheWatcher semantics.
-//!   [`body`] carries its lines to the HTTP response.
+//!   [`body`] carries its lines to the HTTP response; [`watch_feed`] is what a key sends it.
 
 pub mod body;
 pub mod cached_object;
@@ -26,4 +26,5 @@ pub mod metrics;
 pub mod registry;
 pub mod source;
 pub mod upstream_pool;
+pub mod watch_feed;
 pub mod watcher;

@@ -16,10 +16,10 @@ use tokio::sync::{mpsc, Mutex, Semaphore};
 
 use crate::config::CacheConfig;
 use crate::core::backfill::Replay;
-use crate::core::filter::EventType;
 use crate::core::key::{Key, Scope};
 use crate::core::lines::Lines;
 use crate::core::list_stream::ListSplitter;
+use crate::core::object::EventType;
 use crate::core::object::{self, Object, Schema, WireEvent};
 use crate::core::upstream::{step, Action, Backoff, Input, State};
 use crate::feed::{

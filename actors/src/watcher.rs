@@ -23,14 +23,15 @@ use crate::body;
 use crate::cached_object::{self, CachedObject};
 use crate::core::bookmark::{bookmark_line, bookmark_object};
 use crate::core::event::{encode_line, encode_value_line, StoreEvent, BACKFILLED_SEQ};
-use crate::core::filter::{convert, Conversion, EventType, Filter};
+use crate::core::filter::{convert, Conversion, Filter};
 use crate::core::key::{Key, ResourceType};
 use crate::core::key_machine::Cursor;
-use crate::core::object::Object;
+use crate::core::object::{EventType, Object};
 use crate::core::proto::Codec;
 use crate::core::rv::WatchPlan;
 use crate::metrics as m;
 use crate::registry::{Registry, Release};
+use crate::watch_feed::{CloseReason, Start, ToWatcher};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -391,7 +392,7 @@ impl Actor for Watcher {
         ));
         self.spec.cached.do_send(cached_object::Subscribe {
             id: self.id,
-            addr: ctx.address(),
+            link: ctx.address().recipient(),
             plan: self.spec.plan,
             allow_bookmarks: self.spec.allow_bookmarks,
             deadline: Some(deadline),
@@ -480,82 +481,56 @@ impl StreamHandler<Tick> for Watcher {
     fn finished(&mut self, _ctx: &mut Self::Context) {}
 }
 
-/// The watcher's start: initial ADDED events (state at `initial_rv`) or events to replay.
-/// Written as the client reads; the watcher is not live until it answers
-/// [`cached_object::Ready`].
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Start {
-    pub initial: Vec<Arc<Object>>,
-    pub initial_rv: u64,
-    pub end_bookmark: bool,
-    pub replay: Vec<Arc<StoreEvent>>,
-    pub floor: u64,
-    /// Events up to this sequence are covered by `initial`/`replay`.
-    pub start_seq: u64,
-}
-
-/// The key's answer to [`cached_object::Ready`]: the events since, up to `upto_seq`; with
-/// `live`, the watcher now gets every later event and bookmark (the events fit in its
-/// buffer), else it writes them and sends `Ready` again.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Replay {
-    pub events: Vec<Arc<StoreEvent>>,
-    pub upto_seq: u64,
-    pub live: bool,
-}
-
-/// The watch's RV is older than the key can replay.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Expired {
-    pub requested: u64,
-    pub oldest: u64,
-}
-
-/// The watch could not start (key not synced in time, not fresh enough, stopping).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Failed {
-    pub error: cached_object::Error,
-}
-
-/// One event of the key.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Dispatch(pub Arc<StoreEvent>);
-
-/// A periodic or pre-timeout bookmark at the key's progress.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Bookmark {
-    pub rv: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub enum CloseReason {
-    TooSlow,
-    KeyStopped,
-    /// The key relisted after a gap: the client resumes from its last RV (as after the
-    /// API server's cacher terminated its watchers).
-    Resync,
-    /// Shutdown: send a last bookmark (when allowed) so the client resumes exactly here.
-    Draining {
-        rv: u64,
-    },
-}
-
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Close {
-    pub reason: CloseReason,
-}
-
-impl Handler<Start> for Watcher {
+impl Handler<ToWatcher> for Watcher {
     type Result = ();
 
-    fn handle(&mut self, msg: Start, ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: ToWatcher, ctx: &mut Self::Context) {
+        match msg {
+            ToWatcher::Start(start) => self.on_start(start, ctx),
+            ToWatcher::Replay(replay) => {
+                self.live |= replay.live;
+                self.backlog
+                    .extend(replay.events.into_iter().map(Item::Event));
+                self.backlog_seq = self.backlog_seq.max(replay.upto_seq);
+                self.drain(ctx);
+            }
+            ToWatcher::Expired { requested, oldest } => {
+                // As 1.20: HTTP 200, then one in-stream ERROR with a 410 Expired Status,
+                // which is the form clients (kube-rs, client-go's reflector) relist on.
+                let message = format!("too old resource version: {requested} ({oldest})");
+                let line = self.spec.encoder.error(410, "Expired", &message);
+                self.finish_with(line, ctx);
+            }
+            ToWatcher::Failed {
+                code,
+                reason,
+                message,
+            } => {
+                let line = self.spec.encoder.error(code, reason, &message);
+                self.finish_with(line, ctx);
+            }
+            ToWatcher::Dispatch(ev) => self.on_dispatch(ev, ctx),
+            ToWatcher::Bookmark { rv } => {
+                if self.live && self.backlog.is_empty() && self.spec.allow_bookmarks {
+                    self.bookmark(rv, false, ctx);
+                }
+            }
+            ToWatcher::Close(reason) => {
+                if let CloseReason::Draining { rv } = reason {
+                    // Only a watcher that sent everything up to `rv` may say so.
+                    if self.live && self.backlog.is_empty() && self.spec.allow_bookmarks {
+                        self.bookmark(rv, false, ctx);
+                    }
+                }
+                self.closing = true;
+                ctx.stop();
+            }
+        }
+    }
+}
+
+impl Watcher {
+    fn on_start(&mut self, msg: Start, ctx: &mut Context<Self>) {
         self.started = true;
         let snapshot = (!msg.initial.is_empty() || msg.end_bookmark).then_some(msg.initial_rv);
         self.cursor.started(snapshot, msg.floor);
@@ -568,95 +543,23 @@ impl Handler<Start> for Watcher {
         self.backlog_seq = msg.start_seq;
         self.drain(ctx);
     }
-}
 
-impl Handler<Replay> for Watcher {
-    type Result = ();
-
-    fn handle(&mut self, msg: Replay, ctx: &mut Self::Context) {
-        self.live |= msg.live;
-        self.backlog.extend(msg.events.into_iter().map(Item::Event));
-        self.backlog_seq = self.backlog_seq.max(msg.upto_seq);
-        self.drain(ctx);
-    }
-}
-
-impl Handler<Expired> for Watcher {
-    type Result = ();
-
-    fn handle(&mut self, msg: Expired, ctx: &mut Self::Context) {
-        // As 1.20: HTTP 200, then one in-stream ERROR with a 410 Expired Status, which is
-        // the form clients (kube-rs, client-go's reflector) relist on.
-        let message = format!(
-            "too old resource version: {} ({})",
-            msg.requested, msg.oldest
-        );
-        let line = self.spec.encoder.error(410, "Expired", &message);
-        self.finish_with(line, ctx);
-    }
-}
-
-impl Handler<Failed> for Watcher {
-    type Result = ();
-
-    fn handle(&mut self, msg: Failed, ctx: &mut Self::Context) {
-        let (code, reason) = match msg.error {
-            cached_object::Error::TooLargeResourceVersion { .. } => (504, "Timeout"),
-            cached_object::Error::NotSynced { .. } => (503, "ServiceUnavailable"),
-            cached_object::Error::Stopping { .. } => (503, "ServiceUnavailable"),
-        };
-        let line = self
-            .spec
-            .encoder
-            .error(code, reason, &msg.error.to_string());
-        self.finish_with(line, ctx);
-    }
-}
-
-impl Handler<Dispatch> for Watcher {
-    type Result = ();
-
-    fn handle(&mut self, msg: Dispatch, ctx: &mut Self::Context) {
+    fn on_dispatch(&mut self, ev: Arc<StoreEvent>, ctx: &mut Context<Self>) {
         if !self.started {
             return;
         }
         if self.backlog.is_empty() {
             // Only live deliveries are timed: a replayed event's age is the client's
             // resourceVersion, not kcache's latency.
-            if self.deliver(&msg.0, ctx) && msg.0.seq.is_multiple_of(m::EVENT_DELIVERY_SAMPLE) {
-                self.delivery.record(msg.0.made.elapsed().as_secs_f64());
+            if self.deliver(&ev, ctx) && ev.seq.is_multiple_of(m::EVENT_DELIVERY_SAMPLE) {
+                self.delivery.record(ev.made.elapsed().as_secs_f64());
             }
         } else if self.backlog.len() < self.spec.mailbox {
             // Live, and the replay that made it live is still being written: in order.
-            self.backlog.push_back(Item::Event(msg.0));
+            self.backlog.push_back(Item::Event(ev));
         } else {
             self.too_slow(ctx);
         }
-    }
-}
-
-impl Handler<Bookmark> for Watcher {
-    type Result = ();
-
-    fn handle(&mut self, msg: Bookmark, ctx: &mut Self::Context) {
-        if self.live && self.backlog.is_empty() && self.spec.allow_bookmarks {
-            self.bookmark(msg.rv, false, ctx);
-        }
-    }
-}
-
-impl Handler<Close> for Watcher {
-    type Result = ();
-
-    fn handle(&mut self, msg: Close, ctx: &mut Self::Context) {
-        if let CloseReason::Draining { rv } = msg.reason {
-            // Only a watcher that sent everything up to `rv` may say so.
-            if self.live && self.backlog.is_empty() && self.spec.allow_bookmarks {
-                self.bookmark(rv, false, ctx);
-            }
-        }
-        self.closing = true;
-        ctx.stop();
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use crate::core::event::StoreEvent;
-use crate::core::filter::EventType;
+use crate::core::object::EventType;
 use crate::core::object::Object;
 use crate::core::store::Store;
 

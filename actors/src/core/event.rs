@@ -6,8 +6,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-pub use crate::core::filter::EventType;
-use crate::core::object::{Object, ADDED_PREFIX, DELETED_PREFIX, MODIFIED_PREFIX};
+use crate::core::object::{EventType, Object, ADDED_PREFIX, DELETED_PREFIX, MODIFIED_PREFIX};
 use crate::core::proto::Codec;
 
 /// The `seq` of events a young key learned of after its list, from the upstream's replay

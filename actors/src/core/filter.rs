@@ -3,7 +3,7 @@
 
 use thiserror::Error;
 
-use crate::core::object::Object;
+use crate::core::object::{EventType, Object};
 use crate::core::selector::{self, FieldSelector, LabelSelector};
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -17,35 +17,6 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// The type of a watch event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EventType {
-    Added,
-    Modified,
-    Deleted,
-}
-
-impl EventType {
-    /// The `type` of the event on the wire.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            EventType::Added => "ADDED",
-            EventType::Modified => "MODIFIED",
-            EventType::Deleted => "DELETED",
-        }
-    }
-
-    /// Reads a wire `type`; `None` for anything but the three object events.
-    pub fn from_wire(s: &str) -> Option<Self> {
-        match s {
-            "ADDED" => Some(EventType::Added),
-            "MODIFIED" => Some(EventType::Modified),
-            "DELETED" => Some(EventType::Deleted),
-            _ => None,
-        }
-    }
-}
 
 /// What one watcher (or list) selects: both selectors must hold.
 #[derive(Debug, Clone, Default)]

@@ -699,15 +699,46 @@ impl<'de> Deserialize<'de> for Labels {
     }
 }
 
+/// The type of a watch event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    /// The `type` of the event on the wire.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+
+    /// Reads a wire `type`; `None` for anything but the three object events.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "ADDED" => Some(EventType::Added),
+            "MODIFIED" => Some(EventType::Modified),
+            "DELETED" => Some(EventType::Deleted),
+            _ => None,
+        }
+    }
+}
+
 /// One line of an upstream JSON watch stream.
 #[derive(Debug)]
 pub enum WireEvent {
     Object {
-        kind: crate::core::filter::EventType,
+        kind: EventType,
         object: Object,
     },
     /// A BOOKMARK: the resourceVersion it carries.
-    Bookmark { rv: u64 },
+    Bookmark {
+        rv: u64,
+    },
     /// An ERROR: the `Status` object's JSON.
     Error(Bytes),
 }
@@ -723,7 +754,6 @@ struct LineDoc<'a> {
 /// Reads one watch line `{"type":T,"object":O}`; the object's bytes are copied out of the
 /// line ([`Object::parse_copy`]).
 pub fn parse_line(line: &[u8], schema: Schema) -> Result<WireEvent> {
-    use crate::core::filter::EventType;
     let Obj::<LineDoc>(doc) =
         serde_json::from_slice(line).map_err(|e| Error::Line(e.to_string()))?;
     let raw = doc.object.get().as_bytes();
@@ -1074,7 +1104,7 @@ mod tests {
         let line = br#"{"type":"MODIFIED","object":{"kind":"Secret","metadata":{"name":"s","namespace":"n","resourceVersion":"5"},"type":"Opaque"}}"#;
         match parse_line(line, Schema::Secret).unwrap() {
             WireEvent::Object { kind, object } => {
-                assert_eq!(kind, crate::core::filter::EventType::Modified);
+                assert_eq!(kind, EventType::Modified);
                 assert_eq!(object.rv(), 5);
                 assert_eq!(object.field("type"), "Opaque");
                 assert_eq!(

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::core::filter::EventType;
+use crate::core::object::EventType;
 use crate::core::object::Object;
 use crate::core::store::Store;
 

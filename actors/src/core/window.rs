@@ -149,7 +149,7 @@ impl Window {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::filter::EventType;
+    use crate::core::object::EventType;
     use serde_json::json;
 
     fn ev(seq: u64, rv: u64) -> Arc<StoreEvent> {
