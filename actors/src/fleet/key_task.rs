@@ -14,7 +14,7 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, Semaphore};
 
 use super::codec::{self, Opener};
-use super::Fleet;
+use super::{Fleet, View};
 use crate::core::key::Key;
 use crate::core::mirror::{Input as MirrorInput, Mirror, Output, Resync, Stamp};
 use crate::core::object::{self, Schema, WireEvent};
@@ -91,7 +91,7 @@ enum Wake {
     Reply(Option<Message>),
     SnapshotRequest(Option<Message>),
     Control(Option<Message>),
-    Tick,
+    Tick(View),
 }
 
 /// The next message of an optional subscription (pending forever without).
@@ -144,7 +144,7 @@ impl KeyTask {
 
     pub(super) async fn run(mut self) {
         let mut inputs = VecDeque::from([Input::Start]);
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut view = self.fleet.view();
         'run: loop {
             while let Some(input) = inputs.pop_front() {
                 let effects = self.role.apply(self.fleet.now_ms(), input);
@@ -164,7 +164,11 @@ impl KeyTask {
                     msg = next_of(replies) => Wake::Reply(msg),
                     msg = next_of(snaps) => Wake::SnapshotRequest(msg),
                     msg = next_of(ctl) => Wake::Control(msg),
-                    _ = tick.tick() => Wake::Tick,
+                    changed = view.changed() => match changed {
+                        Ok(()) => Wake::Tick(view.borrow_and_update().clone()),
+                        // Only when the runtime shuts down.
+                        Err(_) => Wake::Command(None),
+                    },
                 }
             };
             let next = match wake {
@@ -183,7 +187,7 @@ impl KeyTask {
                     self.on_control(msg);
                     Ok(None)
                 }
-                Wake::Tick => self.on_tick().await,
+                Wake::Tick(view) => self.on_tick(view).await,
             };
             match next {
                 Ok(Some(input)) => inputs.push_back(input),
@@ -443,9 +447,8 @@ impl KeyTask {
         }
     }
 
-    async fn on_tick(&mut self) -> Result<Option<Input>, Gone> {
-        let fleet = self.fleet.clone();
-        let connected = fleet.nats_connected();
+    async fn on_tick(&mut self, view: View) -> Result<Option<Input>, Gone> {
+        let connected = view.nats_connected;
         let mut owner_gone = false;
         let mut resync = false;
         match &mut self.held {
@@ -454,10 +457,7 @@ impl KeyTask {
                 return Ok(Some(Input::UpstreamEnded));
             }
             Held::Mirror(f) => {
-                owner_gone = f
-                    .owner
-                    .as_deref()
-                    .is_some_and(|o| fleet.presence.is_gone(o));
+                owner_gone = f.owner.as_deref().is_some_and(|o| view.gone.contains(o));
                 resync = !self.mirror.synced() && Instant::now() >= f.snapshot_due;
             }
             _ => {}
@@ -477,8 +477,8 @@ impl KeyTask {
         Ok(Some(Input::Tick(World {
             nats_connected: connected,
             owner_gone,
-            upstream_cut_off: fleet.health.cut_off(),
-            healthy_peer: fleet.presence.healthy_peer(),
+            upstream_cut_off: view.upstream_cut_off,
+            healthy_peer: view.healthy_peer,
             jitter: rand::random::<f64>(),
         })))
     }

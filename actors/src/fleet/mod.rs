@@ -24,12 +24,13 @@ mod key_task;
 pub mod leases;
 pub mod presence;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::Recipient;
 use async_nats::Client;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::config::NatsConfig;
 use crate::core::key::Key;
@@ -53,10 +54,56 @@ pub struct Fleet {
     subjects: Subjects,
     keyring: Option<Arc<Keyring>>,
     leases: leases::Leases,
+    upstream: Arc<UpstreamSource>,
+    /// The replica's view of the fleet, renewed every [`TICK`]; its renewal is every key
+    /// task's tick.
+    view: watch::Receiver<View>,
+    started: Instant,
+}
+
+/// How often key tasks look at the fleet (renewals, takeovers, handovers, resyncs).
+pub const TICK: Duration = Duration::from_millis(100);
+
+/// What a key task's tick reads, computed once per tick for the whole replica: ten
+/// thousand keys each locking the peer table and scanning it ten times a second would do
+/// the same work ten thousand times.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct View {
+    pub nats_connected: bool,
+    pub upstream_cut_off: bool,
+    /// A peer announced a working upstream within three beacon periods.
+    pub healthy_peer: bool,
+    /// Peers whose NATS connection is known to be gone.
+    pub gone: Arc<BTreeSet<String>>,
+}
+
+impl View {
+    fn read(client: &Client, presence: &presence::Presence, health: &UpstreamHealth) -> View {
+        View {
+            nats_connected: client.connection_state() == async_nats::connection::State::Connected,
+            upstream_cut_off: health.cut_off(),
+            healthy_peer: presence.healthy_peer(),
+            gone: Arc::new(presence.gone()),
+        }
+    }
+}
+
+/// Renews the view every [`TICK`] until every reader is gone. It holds the parts it reads,
+/// not the `Fleet`, which owns the receiver.
+async fn renew_view(
+    tx: watch::Sender<View>,
+    client: Client,
     presence: Arc<presence::Presence>,
     health: Arc<UpstreamHealth>,
-    upstream: Arc<UpstreamSource>,
-    started: Instant,
+) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if tx.send(View::read(&client, &presence, &health)).is_err() {
+            return;
+        }
+    }
 }
 
 impl Fleet {
@@ -78,6 +125,8 @@ impl Fleet {
             cfg.presence(),
             health.clone(),
         );
+        let (view_tx, view) = watch::channel(View::read(&client, &presence, &health));
+        tokio::spawn(renew_view(view_tx, client.clone(), presence, health));
         Arc::new(Fleet {
             leases: leases::Leases::new(client.clone(), cfg.clone(), replica.clone()),
             subjects,
@@ -85,9 +134,8 @@ impl Fleet {
             cfg,
             replica,
             keyring,
-            presence,
-            health,
             upstream,
+            view,
             started: Instant::now(),
         })
     }
@@ -113,14 +161,16 @@ impl Fleet {
         )
     }
 
-    fn nats_connected(&self) -> bool {
-        self.client.connection_state() == async_nats::connection::State::Connected
+    /// The view as of the last tick, and the ticks to come.
+    fn view(&self) -> watch::Receiver<View> {
+        self.view.clone()
     }
 
     /// Whether this replica can serve anything fresh: its own upstream works, or NATS
     /// brings it the events of a replica whose upstream does (readiness).
     pub fn serves_fresh(&self) -> bool {
-        !self.health.cut_off() || (self.nats_connected() && self.presence.healthy_peer())
+        let v = self.view.borrow();
+        !v.upstream_cut_off || (v.nats_connected && v.healthy_peer)
     }
 
     fn now_ms(&self) -> u64 {

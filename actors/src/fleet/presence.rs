@@ -8,7 +8,7 @@
 //! their leases to expire. A peer that does not answer in time (paused, overloaded) is not
 //! gone: its leases decide, so a live owner is never taken over this way.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -75,12 +75,17 @@ impl Presence {
         p
     }
 
-    /// The peer's NATS connection is known to be gone.
-    pub fn is_gone(&self, replica: &str) -> bool {
+    /// The peers whose NATS connection is known to be gone.
+    pub fn gone(&self) -> BTreeSet<String> {
         self.peers
             .lock()
-            .map(|p| p.get(replica).is_some_and(|p| p.gone))
-            .unwrap_or(false)
+            .map(|p| {
+                p.iter()
+                    .filter(|(_, p)| p.gone)
+                    .map(|(r, _)| r.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Another replica announced a working upstream within three periods.
