@@ -20,6 +20,7 @@ pub const EXPIRED_WATCHES: &str = "kcache_watch_expired_total";
 pub const PROBES: &str = "kcache_upstream_probes_total";
 pub const WINDOW_BACKFILLS: &str = "kcache_window_backfills_total";
 pub const KEYS_REFUSED: &str = "kcache_keys_refused_total";
+pub const COVERED_REQUESTS: &str = "kcache_covered_requests_total";
 pub const CACHE_BYPASSED: &str = "kcache_cache_bypassed_total";
 pub const PROTOBUF_UNENCODABLE: &str = "kcache_protobuf_unencodable_total";
 
@@ -99,6 +100,10 @@ pub fn describe() {
     describe_counter!(
         WINDOW_BACKFILLS,
         "Watches from before a young key's window: outcome=extended (nothing changed since, served) or changed (410)."
+    );
+    describe_counter!(
+        COVERED_REQUESTS,
+        "Gets, lists and watches served by a running key that covers the request's own key (label by: namespace or cluster) instead of starting it."
     );
     describe_counter!(
         KEYS_REFUSED,

@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use crate::cached_object::{CachedObject, Drain, Stop};
 use crate::config::CacheConfig;
+use crate::core::cover::{self, KeyState};
 use crate::core::interest::Interest;
 use crate::core::key::Key;
 use crate::core::subject::key_token;
@@ -29,6 +30,9 @@ struct Entry {
     /// The key's NATS token (fleet interest and ownership).
     token: String,
     refs: usize,
+    /// References taken for requests of other keys this one covers (`core::cover`), by
+    /// the key asked for: included in `refs`, shown in `/debug/keys`.
+    covering: HashMap<Key, usize>,
     /// Bumped on every release to zero, so a stale grace timer does nothing.
     generation: u64,
     status: Arc<KeyStatus>,
@@ -186,6 +190,37 @@ impl Registry {
         Ok(())
     }
 
+    /// How far along `key` is here.
+    fn state(&self, key: &Key) -> KeyState {
+        match self.entries.get(key) {
+            None => KeyState::NotRunning,
+            Some(e) if e.status.synced.load(Ordering::Relaxed) => KeyState::Synced,
+            Some(_) => KeyState::Syncing,
+        }
+    }
+
+    /// A reference for a request of `asked`: on its own key, or on a synced key that
+    /// covers it when its own is not running (`core::cover`).
+    fn acquire_covering(&mut self, asked: Key, user: Option<&str>) -> Result<Held, Error> {
+        let key = cover::choose(&asked, |k| self.state(k));
+        if key == asked {
+            let addr = self.acquire_for(key.clone(), user)?;
+            return Ok(Held { key, addr });
+        }
+        let addr = self.acquire(key.clone());
+        if let Some(e) = self.entries.get_mut(&key) {
+            *e.covering.entry(asked.clone()).or_default() += 1;
+        }
+        let by = match key.scope {
+            crate::core::key::Scope::Namespace(_) => "namespace",
+            _ => "cluster",
+        };
+        let r = &key.resource;
+        metrics::counter!(crate::metrics::COVERED_REQUESTS, "group" => r.group.clone(), "resource" => r.resource.clone(), "by" => by)
+            .increment(1);
+        Ok(Held { key, addr })
+    }
+
     /// A reference on `key`, starting it for `user` if needed and their budget allows.
     fn acquire_for(&mut self, key: Key, user: Option<&str>) -> Result<Addr<CachedObject>, Error> {
         let new = !self.entries.contains_key(&key);
@@ -226,6 +261,7 @@ impl Registry {
                 addr,
                 creator: None,
                 refs: 0,
+                covering: HashMap::new(),
                 generation: 0,
                 status,
             }
@@ -236,11 +272,21 @@ impl Registry {
         entry.addr.clone()
     }
 
-    fn release(&mut self, key: &Key, ctx: &mut Context<Self>) {
+    /// Drops a reference on `held`, taken for a request of `asked`.
+    fn release(&mut self, held: &Key, asked: &Key, ctx: &mut Context<Self>) {
+        let key = held;
         let Some(entry) = self.entries.get_mut(key) else {
             return;
         };
         entry.refs = entry.refs.saturating_sub(1);
+        if asked != held {
+            if let Some(n) = entry.covering.get_mut(asked) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    entry.covering.remove(asked);
+                }
+            }
+        }
         if entry.refs > 0 {
             return;
         }
@@ -307,27 +353,38 @@ impl Actor for Registry {
     }
 }
 
-/// Take a reference on a key; the answer is its CachedObject, or why the key may not be
-/// started for `user` (see `cache.max_keys`).
+/// Take a reference for a request of `key`: on `key`, or on a running key that covers it
+/// (`core::cover`); the answer names the key held and its CachedObject, or says why the
+/// key may not be started for `user` (see `cache.max_keys`).
 #[derive(Message)]
-#[rtype(result = "Result<Addr<CachedObject>, Error>")]
+#[rtype(result = "Result<Held, Error>")]
 pub struct Acquire {
     pub key: Key,
     /// Who asked: a key they start counts against their budget. `None`: no budget.
     pub user: Option<String>,
 }
 
+/// The key a request holds a reference on: its own, or one covering it.
+#[derive(Debug, Clone)]
+pub struct Held {
+    pub key: Key,
+    pub addr: Addr<CachedObject>,
+}
+
 /// Drop a reference taken with [`Acquire`].
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Release {
+    /// The key held ([`Held::key`]).
     pub key: Key,
+    /// The key the request asked for.
+    pub asked: Key,
 }
 
-/// Take a reference held for `duration`: gets and lists keep their key cached for the
-/// grace period so repeated reads hit the cache.
+/// Take a reference held for `duration`: gets and lists keep their key (or the key that
+/// covers it) cached for the grace period so repeated reads hit the cache.
 #[derive(Message)]
-#[rtype(result = "Result<Addr<CachedObject>, Error>")]
+#[rtype(result = "Result<Held, Error>")]
 pub struct Hold {
     pub key: Key,
     pub duration: Duration,
@@ -378,9 +435,20 @@ pub struct KeyInfo {
     pub synced: bool,
     pub objects: usize,
     pub watchers: usize,
+    /// The keys whose requests this key serves because their own is not running, with
+    /// the references each holds (`core::cover`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub covering: Vec<CoveredKey>,
     /// Fleet fields, present when running with `--nats`.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<FleetKeyInfo>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CoveredKey {
+    pub key: String,
+    pub refcount: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -411,7 +479,7 @@ impl Handler<Acquire> for Registry {
     type Result = MessageResult<Acquire>;
 
     fn handle(&mut self, msg: Acquire, _ctx: &mut Self::Context) -> Self::Result {
-        MessageResult(self.acquire_for(msg.key, msg.user.as_deref()))
+        MessageResult(self.acquire_covering(msg.key, msg.user.as_deref()))
     }
 }
 
@@ -419,7 +487,7 @@ impl Handler<Release> for Registry {
     type Result = ();
 
     fn handle(&mut self, msg: Release, ctx: &mut Self::Context) {
-        self.release(&msg.key, ctx);
+        self.release(&msg.key, &msg.asked, ctx);
     }
 }
 
@@ -427,12 +495,12 @@ impl Handler<Hold> for Registry {
     type Result = MessageResult<Hold>;
 
     fn handle(&mut self, msg: Hold, ctx: &mut Self::Context) -> Self::Result {
-        let addr = self.acquire_for(msg.key.clone(), msg.user.as_deref());
-        if addr.is_ok() {
-            let key = msg.key;
-            ctx.run_later(msg.duration, move |act, ctx| act.release(&key, ctx));
+        let held = self.acquire_covering(msg.key.clone(), msg.user.as_deref());
+        if let Ok(h) = &held {
+            let (key, asked) = (h.key.clone(), msg.key);
+            ctx.run_later(msg.duration, move |act, ctx| act.release(&key, &asked, ctx));
         }
-        MessageResult(addr)
+        MessageResult(held)
     }
 }
 
@@ -463,6 +531,18 @@ impl Handler<GetDebugKeys> for Registry {
                 synced: e.status.synced.load(Ordering::Relaxed),
                 objects: e.status.objects.load(Ordering::Relaxed),
                 watchers: e.status.watchers.load(Ordering::Relaxed),
+                covering: {
+                    let mut c: Vec<CoveredKey> = e
+                        .covering
+                        .iter()
+                        .map(|(k, n)| CoveredKey {
+                            key: k.to_string(),
+                            refcount: *n,
+                        })
+                        .collect();
+                    c.sort_by(|a, b| a.key.cmp(&b.key));
+                    c
+                },
                 fleet: self.fleet.as_ref().map(|fleet| {
                     let f = e.status.fleet();
                     FleetKeyInfo {

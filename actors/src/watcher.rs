@@ -103,7 +103,11 @@ impl Encoder {
 
 /// Everything a watcher needs; built by the HTTP layer after validation.
 pub struct WatcherSpec {
+    /// The key the watcher is held on and fed by.
     pub key: Key,
+    /// The key the request asked for, when a key covering it serves it (`core::cover`);
+    /// boxed: most watches are on their own key, and a watch's size counts.
+    pub asked: Option<Box<Key>>,
     pub filter: Filter,
     pub plan: WatchPlan,
     pub allow_bookmarks: bool,
@@ -406,6 +410,7 @@ impl Actor for Watcher {
             .do_send(cached_object::Unsubscribe { id: self.id });
         self.spec.registry.do_send(Release {
             key: self.spec.key.clone(),
+            asked: self.spec.asked.as_deref().unwrap_or(&self.spec.key).clone(),
         });
     }
 }

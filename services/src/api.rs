@@ -12,11 +12,11 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use kcache_actors::cached_object::{self, Read};
 use kcache_actors::config::CacheConfig;
+use kcache_actors::core::cover;
 use kcache_actors::core::event::encode_value_line;
 use kcache_actors::core::filter::Filter;
-use kcache_actors::core::key::{route, ResourceType};
-use kcache_actors::core::object::EventType;
-use kcache_actors::core::object::{self, Object};
+use kcache_actors::core::key::{route, Key, ResourceType};
+use kcache_actors::core::object::{self, EventType, Object};
 use kcache_actors::core::rv::{plan_list, plan_watch, ListPlan};
 use kcache_actors::core::selector::{FieldSelector, LabelSelector};
 use kcache_actors::registry::{Acquire, Hold, Registry};
@@ -368,8 +368,10 @@ async fn serve_cached(
         Some(name),
         &FieldSelector::everything(),
     );
-    let snap = match read(state, user, key, min_rv).await? {
-        Ok(snap) => snap,
+    // The snapshot may be a covering key's (`core::cover`): the object is found by name
+    // and namespace either way.
+    let (_, snap) = match read(state, user, key, min_rv).await? {
+        Ok(read) => read,
         Err(reason) => return Ok(Served::Forward(reason)),
     };
     let obj = snap
@@ -416,14 +418,15 @@ async fn serve_cached(
     Ok(Served::Response(json_response(&body)))
 }
 
-/// A snapshot of `key` at `min_rv` or later, holding the key for the grace period; `Err`
-/// with the reason when the API server should answer instead.
+/// A snapshot of `key`, or of a running key covering it, at `min_rv` or later, holding
+/// that key for the grace period; the key it is of and the snapshot, or `Err` with the
+/// reason when the API server should answer instead.
 async fn read(
     state: &ApiState,
     user: &UserInfo,
-    key: kcache_actors::core::key::Key,
+    key: Key,
     min_rv: u64,
-) -> Result<Result<cached_object::Snapshot, &'static str>, ApiError> {
+) -> Result<Result<(Key, cached_object::Snapshot), &'static str>, ApiError> {
     let held = state
         .registry
         .send(Hold {
@@ -433,16 +436,16 @@ async fn read(
         })
         .await
         .map_err(|_| ApiError::service_unavailable("kcache is shutting down"))?;
-    let cached = match held {
-        Ok(cached) => cached,
+    let held = match held {
+        Ok(held) => held,
         // Past the key budget: the API server answers reads as well as the cache would.
         Err(e) => {
             tracing::debug!(error = %e, "no new key; forwarding upstream");
             return Ok(Err("key_budget"));
         }
     };
-    match cached.send(Read { min_rv }).await {
-        Ok(Ok(snap)) => Ok(Ok(snap)),
+    match held.addr.send(Read { min_rv }).await {
+        Ok(Ok(snap)) => Ok(Ok((held.key, snap))),
         Ok(Err(cached_object::Error::TooLargeResourceVersion { requested, current })) => {
             Err(ApiError::too_large_resource_version(requested, current))
         }
@@ -487,15 +490,10 @@ async fn list_or_watch(
         return Ok(Served::Forward("name"));
     }
     let key = route(&resource, namespace, None, &field);
-    let field = match key.implied_field() {
-        Some((name, value)) => field.without_equality(name, value),
-        None => field,
-    };
-    let filter = Filter::new(label, field);
     if q.watch() {
         let permit = state.watch_limits.admit(&user.username)?;
         return watch(
-            state, q, timeout, user, key, filter, format, include, permit,
+            state, q, timeout, user, key, label, field, format, include, permit,
         )
         .await
         .map(Served::Response);
@@ -505,10 +503,11 @@ async fn list_or_watch(
     let ListPlan::Cache { min_rv } = plan else {
         return Ok(Served::Forward("rv"));
     };
-    let snap = match read(state, user, key, min_rv).await? {
-        Ok(snap) => snap,
+    let (held, snap) = match read(state, user, key.clone(), min_rv).await? {
+        Ok(read) => read,
         Err(reason) => return Ok(Served::Forward(reason)),
     };
+    let filter = Filter::new(label, cover::field_for(&key, &held, field));
     let items: Vec<Arc<Object>> = snap
         .objects
         .into_iter()
@@ -644,8 +643,9 @@ async fn watch(
     q: &Query,
     timeout_seconds: Option<i64>,
     user: &UserInfo,
-    key: kcache_actors::core::key::Key,
-    filter: Filter,
+    key: Key,
+    label: LabelSelector,
+    field: FieldSelector,
     format: Format,
     include: IncludeObject,
     permit: crate::limits::WatchPermit,
@@ -698,7 +698,7 @@ async fn watch(
     let keepalive = Duration::from_secs(state.cache.watch_keepalive_secs);
     // Take the reference first: a key the user may not start is a 429 (the watch was not
     // accepted), as a watch past the watch caps. The watcher releases it when it stops.
-    let cached = registry
+    let held = registry
         .send(Acquire {
             key: key.clone(),
             user: Some(user.username.clone()),
@@ -706,17 +706,22 @@ async fn watch(
         .await
         .map_err(|_| ApiError::service_unavailable("kcache is shutting down"))?
         .map_err(|e| crate::limits::too_many_requests(e.to_string()))?;
+    // Served by a covering key, the filter tests what the own key's upstream selector
+    // would have guaranteed.
+    let filter = Filter::new(label, cover::field_for(&key, &held.key, field));
+    let asked = (held.key != key).then(|| Box::new(key));
     // Start the watcher on this worker's arbiter. Until its first event the client sees the
     // response head and waits, as with the API server.
     actix::Actor::start(Watcher::new(WatcherSpec {
-        key,
+        key: held.key,
+        asked,
         filter,
         plan,
         allow_bookmarks,
         timeout,
         encoder,
         body: tx,
-        cached,
+        cached: held.addr,
         registry,
         mailbox,
         keepalive,

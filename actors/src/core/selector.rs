@@ -708,6 +708,20 @@ impl FieldSelector {
         self
     }
 
+    /// The selector with a `field=value` term added, unless it has it already: for a
+    /// request served by a key that does not guarantee that equality (`core::cover`).
+    /// `field` is a label the filter evaluates (`Object::field`).
+    pub fn with_equality(mut self, field: &str, value: &str) -> Self {
+        if self.equality_value(field) != Some(value) {
+            self.reqs.push(FieldRequirement {
+                field: field.to_string(),
+                op: FieldOp::Eq,
+                value: value.to_string(),
+            });
+        }
+        self
+    }
+
     /// The value of the first `field=value` (or `==`) requirement on `field`. Any such
     /// value is a sound routing key: the selector is a conjunction, so every object it
     /// selects has that value.

@@ -1,0 +1,194 @@
+//! Covering keys: a request whose own key is not running is served by a running, synced
+//! key whose objects include all of its own — a name by its namespace's key or the
+//! cluster key, a namespace or a node's pods by the cluster key — instead of starting
+//! another upstream watch.
+//!
+//! A covering key serves the request with the semantics of its own key: the same
+//! resourceVersion rules (the covering key's freshness and window; the API server's
+//! watch cache is per resource, so its answers have the same shape), and a filter that
+//! tests what the own key's upstream selector would have guaranteed ([`field_for`]).
+
+use crate::core::key::{Key, Scope};
+use crate::core::selector::FieldSelector;
+
+/// The keys whose objects include every object of `key`, nearest (fewest objects) first.
+pub fn covering(key: &Key) -> Vec<Key> {
+    let namespace = |ns: &str| Key::new(key.resource.clone(), Scope::Namespace(ns.to_string()));
+    let cluster = || Key::new(key.resource.clone(), Scope::Cluster);
+    match &key.scope {
+        Scope::Name {
+            namespace: Some(ns),
+            ..
+        } => vec![namespace(ns), cluster()],
+        Scope::Name {
+            namespace: None, ..
+        }
+        | Scope::Node(_)
+        | Scope::Namespace(_) => vec![cluster()],
+        Scope::Cluster => Vec::new(),
+    }
+}
+
+/// How far along a running key is, as the registry sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyState {
+    NotRunning,
+    /// Running, its first list not done yet.
+    Syncing,
+    Synced,
+}
+
+/// The key a request for `key` is served by: its own when it runs (syncing or not: it is
+/// the key the request asked for, and starting nothing is always cheaper), else the
+/// nearest synced covering key, else its own (to be started). A covering key that is
+/// still syncing is not taken: the request would wait on a list of more objects than its
+/// own key would read.
+pub fn choose(key: &Key, state: impl Fn(&Key) -> KeyState) -> Key {
+    if state(key) != KeyState::NotRunning {
+        return key.clone();
+    }
+    covering(key)
+        .into_iter()
+        .find(|k| state(k) == KeyState::Synced)
+        .unwrap_or_else(|| key.clone())
+}
+
+/// The field selector a watcher or list of a request for `key` applies when `served_by`
+/// serves it: on its own key, without the term the upstream selector guarantees (a name
+/// key holds only that name); on a covering key, with the terms the covering key does not
+/// guarantee (the name, the node, the namespace) added.
+pub fn field_for(key: &Key, served_by: &Key, field: FieldSelector) -> FieldSelector {
+    if key == served_by {
+        return match key.implied_field() {
+            Some((name, value)) => field.without_equality(name, value),
+            None => field,
+        };
+    }
+    let mut field = field;
+    if let Some((name, value)) = key.implied_field() {
+        field = field.with_equality(name, value);
+    }
+    if let (Some(ns), Scope::Cluster) = (key.namespace(), &served_by.scope) {
+        field = field.with_equality("metadata.namespace", ns);
+    }
+    field
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::core::key::ResourceType;
+    use crate::core::object::{Object, Schema};
+
+    fn secrets() -> Arc<ResourceType> {
+        Arc::new(ResourceType::new("", "v1", "secrets", "Secret", true))
+    }
+
+    fn key(scope: Scope) -> Key {
+        Key::new(secrets(), scope)
+    }
+
+    fn name(ns: Option<&str>, n: &str) -> Key {
+        key(Scope::Name {
+            namespace: ns.map(str::to_string),
+            name: n.into(),
+        })
+    }
+
+    fn ns(n: &str) -> Key {
+        key(Scope::Namespace(n.into()))
+    }
+
+    fn cluster() -> Key {
+        key(Scope::Cluster)
+    }
+
+    #[test]
+    fn covering_keys_nearest_first() {
+        let cases = [
+            (name(Some("a"), "s"), vec![ns("a"), cluster()]),
+            (name(None, "s"), vec![cluster()]),
+            (ns("a"), vec![cluster()]),
+            (key(Scope::Node("n1".into())), vec![cluster()]),
+            (cluster(), vec![]),
+        ];
+        for (k, want) in cases {
+            assert_eq!(covering(&k), want, "{k}");
+        }
+    }
+
+    #[test]
+    fn choice_table() {
+        use KeyState::*;
+        let s = name(Some("a"), "s");
+        // (own, namespace key, cluster key) → chosen
+        let cases = [
+            ((NotRunning, NotRunning, NotRunning), s.clone()),
+            ((Syncing, Synced, Synced), s.clone()),
+            ((Synced, Synced, Synced), s.clone()),
+            ((NotRunning, Synced, Synced), ns("a")),
+            ((NotRunning, Syncing, Synced), cluster()),
+            ((NotRunning, NotRunning, Synced), cluster()),
+            ((NotRunning, Syncing, Syncing), s.clone()),
+        ];
+        for ((own, namespace, whole), want) in cases {
+            let state = |k: &Key| {
+                if *k == s {
+                    own
+                } else if *k == ns("a") {
+                    namespace
+                } else if *k == cluster() {
+                    whole
+                } else {
+                    NotRunning
+                }
+            };
+            assert_eq!(choose(&s, state), want, "{own:?} {namespace:?} {whole:?}");
+        }
+    }
+
+    fn secret(ns: &str, name: &str) -> Object {
+        let json = format!(
+            r#"{{"apiVersion":"v1","kind":"Secret","metadata":{{"name":"{name}","namespace":"{ns}","resourceVersion":"5"}}}}"#
+        );
+        Object::parse(json.into(), Schema::Secret).expect("secret")
+    }
+
+    #[test]
+    fn a_covered_request_selects_what_its_own_key_would_hold() {
+        let objects = [
+            secret("a", "s"),
+            secret("a", "t"),
+            secret("b", "s"),
+            secret("b", "t"),
+        ];
+        // What the covering key's upstream watch holds, then what the filter selects.
+        let selected = |k: &Key, by: &Key, f: &str| -> Vec<String> {
+            let f = field_for(k, by, FieldSelector::parse(f).expect("selector"));
+            objects
+                .iter()
+                .filter(|o| by.namespace().is_none_or(|ns| o.namespace() == ns))
+                .filter(|o| f.matches(o))
+                .map(|o| format!("{}/{}", o.namespace(), o.name()))
+                .collect()
+        };
+        // A GET by name has no selector: the name comes from the path.
+        assert_eq!(selected(&name(Some("a"), "s"), &ns("a"), ""), ["a/s"]);
+        assert_eq!(selected(&name(Some("a"), "s"), &cluster(), ""), ["a/s"]);
+        assert_eq!(
+            selected(&name(Some("a"), "s"), &cluster(), "metadata.name=s"),
+            ["a/s"]
+        );
+        assert_eq!(selected(&name(None, "s"), &cluster(), ""), ["a/s", "b/s"]);
+        assert_eq!(selected(&ns("b"), &cluster(), ""), ["b/s", "b/t"]);
+        // On its own key the routing term is dropped: the upstream selector holds it.
+        let own = field_for(
+            &name(Some("a"), "s"),
+            &name(Some("a"), "s"),
+            FieldSelector::parse("metadata.name=s,type=x").expect("selector"),
+        );
+        assert_eq!(own, FieldSelector::parse("type=x").expect("selector"));
+    }
+}

@@ -1,0 +1,269 @@
+//! Covering keys against a real API server: with a namespace key (or the cluster key)
+//! running, a request whose own key is not running — a name, another namespace — is
+//! served by it without a new upstream watch, and answers as the API server does: the
+//! same objects for gets and lists, the same events for watches.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::kcache::Kcache;
+use support::{eventually, TestCluster, ADMIN_TOKEN};
+
+struct Http {
+    base: String,
+    client: reqwest::Client,
+}
+
+impl Http {
+    fn new(base: &str) -> Self {
+        Http {
+            base: base.to_string(),
+            client: support::insecure_http(),
+        }
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let resp = self
+            .client
+            .get(format!("{}{}", self.base, path))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("request");
+        let code = resp.status().as_u16();
+        let body = resp.bytes().await.expect("body");
+        (code, serde_json::from_slice(&body).unwrap_or(Value::Null))
+    }
+
+    async fn watch(&self, path: &str) -> Events {
+        let resp = self
+            .client
+            .get(format!("{}{}", self.base, path))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("watch request");
+        assert_eq!(resp.status().as_u16(), 200, "{path}");
+        support::event_channel(resp)
+    }
+}
+
+type Events = tokio::sync::mpsc::UnboundedReceiver<Value>;
+
+/// What a get or list shows: `ns/name@rv` per object, sorted, or the Status reason.
+fn shown(code: u16, body: &Value) -> (u16, Vec<String>) {
+    let one = |o: &Value| {
+        let m = &o["metadata"];
+        format!(
+            "{}/{}@{}",
+            m["namespace"].as_str().unwrap_or(""),
+            m["name"].as_str().unwrap_or(""),
+            m["resourceVersion"].as_str().unwrap_or("")
+        )
+    };
+    let mut out = match body["kind"].as_str() {
+        Some("Status") => vec![body["reason"].as_str().unwrap_or("").to_string()],
+        Some(k) if k.ends_with("List") => body["items"]
+            .as_array()
+            .map(|items| items.iter().map(one).collect())
+            .unwrap_or_default(),
+        _ => vec![one(body)],
+    };
+    out.sort();
+    (code, out)
+}
+
+/// The next `n` object events of a watch as `TYPE ns/name@rv`, bookmarks skipped.
+async fn events(rx: &mut Events, n: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        let ev = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{n} events within 20 s; got {out:?}"))
+            .unwrap_or_else(|| panic!("stream ended after {out:?}"));
+        if ev["type"] == "BOOKMARK" {
+            continue;
+        }
+        let m = &ev["object"]["metadata"];
+        out.push(format!(
+            "{} {}/{}@{}",
+            ev["type"].as_str().unwrap_or(""),
+            m["namespace"].as_str().unwrap_or(""),
+            m["name"].as_str().unwrap_or(""),
+            m["resourceVersion"].as_str().unwrap_or("")
+        ));
+    }
+    out
+}
+
+async fn put_secret(client: &kube::Client, ns: &str, name: &str, value: &str) {
+    use k8s_openapi::api::core::v1::Secret;
+    let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), ns);
+    let obj: Secret = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "stringData": {"v": value},
+    }))
+    .expect("secret");
+    let pp = kube::api::PatchParams::apply("test").force();
+    api.patch(name, &pp, &kube::api::Patch::Apply(&obj))
+        .await
+        .expect("apply secret");
+}
+
+async fn delete_secret(client: &kube::Client, ns: &str, name: &str) {
+    use k8s_openapi::api::core::v1::Secret;
+    let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), ns);
+    api.delete(name, &Default::default())
+        .await
+        .expect("delete secret");
+}
+
+/// Every path gives the same status and objects from both servers.
+async fn same_reads(upstream: &Http, kcache: &Http, paths: &[&str]) {
+    for path in paths {
+        let (a, a_body) = upstream.get(path).await;
+        let (k, k_body) = kcache.get(path).await;
+        assert_eq!(
+            shown(k, &k_body),
+            shown(a, &a_body),
+            "{path}: kcache (left) vs the API server"
+        );
+    }
+}
+
+async fn key_names(k: &Kcache) -> Vec<String> {
+    let keys = k.debug_keys().await;
+    keys["keys"]
+        .as_array()
+        .map(|ks| {
+            ks.iter()
+                .filter_map(|k| k["key"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_namespace_and_cluster_keys_serve_what_they_cover_as_the_api_server_does() {
+    let cluster = TestCluster::start().await;
+    let k = Kcache::start(&cluster, "").await;
+    let kcache = Http::new(&k.url);
+    let upstream = Http::new(&format!("https://127.0.0.1:{}", cluster.port()));
+    let admin = cluster.kube_client().await;
+    for ns in ["cov", "other"] {
+        support::create_namespace(&admin, ns).await;
+    }
+    for (ns, name) in [("cov", "s1"), ("cov", "s2"), ("other", "s1")] {
+        put_secret(&admin, ns, name, "0").await;
+    }
+
+    // A namespace informer keeps the namespace key running.
+    let _informer = kcache.watch("/api/v1/namespaces/cov/secrets?watch=1").await;
+    let ns_key = "/api/v1/namespaces/cov/secrets";
+    eventually(
+        "the namespace key syncs",
+        Duration::from_secs(30),
+        || async {
+            k.key_info(ns_key)
+                .await
+                .is_some_and(|i| i["synced"] == true)
+        },
+    )
+    .await;
+
+    same_reads(
+        &upstream,
+        &kcache,
+        &[
+            "/api/v1/namespaces/cov/secrets/s1?resourceVersion=0",
+            "/api/v1/namespaces/cov/secrets/nothere?resourceVersion=0",
+            "/api/v1/namespaces/cov/secrets?resourceVersion=0&fieldSelector=metadata.name%3Ds1",
+            "/api/v1/namespaces/cov/secrets?resourceVersion=0&fieldSelector=metadata.name%3Ds1,type%3DOpaque",
+            "/api/v1/namespaces/cov/secrets?resourceVersion=0&fieldSelector=metadata.name%3Ds1,type%3Dother",
+            "/api/v1/namespaces/cov/secrets?resourceVersion=0&fieldSelector=metadata.name%3Dnothere",
+        ],
+    )
+    .await;
+
+    // The kubelet's single-object watch, from the list's RV, on both.
+    let (_, list) = kcache
+        .get("/api/v1/namespaces/cov/secrets?resourceVersion=0&fieldSelector=metadata.name%3Ds1")
+        .await;
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("list rv")
+        .to_string();
+    let path = format!(
+        "/api/v1/namespaces/cov/secrets?watch=1&resourceVersion={rv}&fieldSelector=metadata.name%3Ds1"
+    );
+    let mut from_kcache = kcache.watch(&path).await;
+    let mut from_upstream = upstream.watch(&path).await;
+    let keys = key_names(&k).await;
+    assert!(
+        !keys.iter().any(|k| k.ends_with("/secrets/s1")),
+        "no name key started: {keys:?}"
+    );
+    let info = k.key_info(ns_key).await.expect("namespace key");
+    let covered: Vec<&str> = info["covering"]
+        .as_array()
+        .map(|c| c.iter().filter_map(|c| c["key"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        covered,
+        [
+            "/api/v1/namespaces/cov/secrets/nothere",
+            "/api/v1/namespaces/cov/secrets/s1"
+        ],
+        "{info}"
+    );
+    for (name, v) in [("s2", "1"), ("s1", "1"), ("s2", "2"), ("s1", "2")] {
+        put_secret(&admin, "cov", name, v).await;
+    }
+    delete_secret(&admin, "cov", "s1").await;
+    assert_eq!(
+        events(&mut from_kcache, 3).await,
+        events(&mut from_upstream, 3).await,
+        "kcache (left) vs the API server"
+    );
+
+    // The cluster key covers other namespaces, and names across namespaces.
+    let _cluster_informer = kcache.watch("/api/v1/secrets?watch=1").await;
+    eventually("the cluster key syncs", Duration::from_secs(30), || async {
+        k.key_info("/api/v1/secrets")
+            .await
+            .is_some_and(|i| i["synced"] == true)
+    })
+    .await;
+    same_reads(
+        &upstream,
+        &kcache,
+        &[
+            "/api/v1/namespaces/other/secrets?resourceVersion=0",
+            "/api/v1/namespaces/other/secrets/s1?resourceVersion=0",
+            "/api/v1/namespaces/other/secrets/s2?resourceVersion=0",
+            "/api/v1/secrets?resourceVersion=0&fieldSelector=metadata.name%3Ds2",
+            "/api/v1/namespaces/other/secrets?resourceVersion=0&fieldSelector=metadata.name%3Ds1",
+        ],
+    )
+    .await;
+    let keys = key_names(&k).await;
+    assert_eq!(
+        keys,
+        ["/api/v1/namespaces/cov/secrets", "/api/v1/secrets"],
+        "every other read was covered"
+    );
+    assert_eq!(k.metric("kcache_upstream_watches").await, 2.0);
+    let text = k.metrics_text().await;
+    assert!(
+        support::sum_samples_with_label(&text, "kcache_covered_requests_total", "by", "cluster")
+            >= 5.0,
+        "{text}"
+    );
+    assert!(
+        support::sum_samples_with_label(&text, "kcache_covered_requests_total", "by", "namespace")
+            >= 7.0,
+        "{text}"
+    );
+}
