@@ -20,13 +20,13 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::config::CacheConfig;
 use crate::core::backfill::{self, Replay};
 use crate::core::bookmark::{next_bookmark_time, BookmarkTimer};
+use crate::core::coalesce;
 use crate::core::event::{StoreEvent, BACKFILLED_SEQ};
 use crate::core::key::Key;
 use crate::core::key_machine::{self, Continue, Effect, Failure, Input, KeyMachine, WatchStart};
 use crate::core::object::EventType;
 use crate::core::object::Object;
 use crate::core::relist;
-use crate::core::rv::WatchPlan;
 use crate::core::store::Store;
 use crate::core::window::{self, Window};
 use crate::feed::{
@@ -35,7 +35,9 @@ use crate::feed::{
 };
 use crate::listener::{Listener, Publish};
 use crate::metrics as m;
-use crate::watch_feed::{self, CloseReason, ToWatcher, WatcherLink};
+use crate::watch_feed::{
+    self, CloseReason, KeyLink, Ready, Subscribe, ToKey, ToWatcher, WatcherLink,
+};
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum Error {
@@ -89,35 +91,24 @@ impl Message for Read {
     type Result = Result<Snapshot>;
 }
 
-/// Register a watcher; its first message back is `ToWatcher::Start`, `Expired` or
-/// `Failed`.
+/// Move live watchers to `to` (coalescing onto a covering key, or splitting back to their
+/// own): those that asked for `only_asked` when given, else all. Each gets every event up
+/// to this key's progress from here and the rest from `to`, once `to` is synced
+/// (`core::coalesce::handover_rv`). Answers how many moved and how many are left (not
+/// live yet, or `to` not far enough along): the registry asks again.
 #[derive(Message)]
-#[rtype(result = "()")]
-pub struct Subscribe {
-    pub id: u64,
-    pub link: WatcherLink,
-    pub plan: WatchPlan,
-    pub allow_bookmarks: bool,
-    pub deadline: Option<Instant>,
+#[rtype(result = "HandedOver")]
+pub struct HandOver {
+    pub to: Key,
+    pub link: KeyLink,
+    pub to_status: Arc<KeyStatus>,
+    pub only_asked: Option<Key>,
 }
 
-/// A watcher wrote its initial events or replay, up to the key's sequence number
-/// `after_seq`, and has `room` lines free in its client's buffer: the key answers with the
-/// events since (`ToWatcher::Replay`), live once they fit, or `ToWatcher::Expired`.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Ready {
-    pub id: u64,
-    pub after_seq: u64,
-    /// The watcher's RV, for the 410's message.
-    pub rv: u64,
-    pub room: usize,
-}
-
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Unsubscribe {
-    pub id: u64,
+#[derive(Debug, Clone, Copy, Default, MessageResponse)]
+pub struct HandedOver {
+    pub moved: usize,
+    pub left: usize,
 }
 
 /// Stop the key (sent by the registry after the grace period): watchers are closed.
@@ -137,6 +128,8 @@ struct WatcherEntry {
     /// Gets events and bookmarks: its initial events or replay are written (see
     /// `watcher`'s backlog). Until then it is only closed with the key.
     live: bool,
+    /// The key the watch asked for, when this key covers it.
+    asked: Option<Box<Key>>,
 }
 
 /// A read or watch waiting for the key to be fresh enough (`KeyMachine` decides when).
@@ -404,6 +397,9 @@ impl CachedObject {
     /// Non-blocking add to every watcher, as `dispatchEvent`'s `nonblockingAdd`; a watcher
     /// whose mailbox is full is closed rather than allowed to slow the key down.
     fn dispatch(&mut self, ev: &Arc<StoreEvent>) {
+        self.status
+            .replayable_from
+            .store(self.window.replayable_from(), Ordering::Relaxed);
         let mut slow = Vec::new();
         for (id, w) in self.watchers.iter().filter(|(_, w)| w.live) {
             match w.link.try_send(ToWatcher::Dispatch(ev.clone())) {
@@ -658,6 +654,7 @@ impl CachedObject {
                 allow_bookmarks: sub.allow_bookmarks,
                 deadline_ms,
                 live: false,
+                asked: sub.asked,
             },
         );
         self.status
@@ -709,6 +706,9 @@ impl CachedObject {
 
     /// One timer per key: bookmarks to due watchers, then expired waits.
     fn tick(&mut self) {
+        self.status
+            .replayable_from
+            .store(self.window.replayable_from(), Ordering::Relaxed);
         let now = self.now_ms();
         let freq = self.cfg.bookmark_frequency().as_millis() as u64;
         for id in self.bookmarks.pop_due(now) {
@@ -892,10 +892,26 @@ impl Handler<Read> for CachedObject {
     }
 }
 
-impl Handler<Subscribe> for CachedObject {
+impl Handler<ToKey> for CachedObject {
     type Result = ();
 
-    fn handle(&mut self, sub: Subscribe, _ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: ToKey, _ctx: &mut Self::Context) {
+        match msg {
+            ToKey::Subscribe(sub) => self.subscribe(sub),
+            ToKey::Ready(ready) => self.continue_watcher(ready),
+            ToKey::Unsubscribe { id } => {
+                if self.watchers.remove(&id).is_some() {
+                    self.status
+                        .watchers
+                        .store(self.watchers.len(), Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+impl CachedObject {
+    fn subscribe(&mut self, sub: Subscribe) {
         // A watch with initial events needs a state at least as fresh as its RV; a plain
         // watch from N newer than the progress is accepted at once and waits for events
         // newer than N, as 1.20 does.
@@ -912,23 +928,48 @@ impl Handler<Subscribe> for CachedObject {
     }
 }
 
-impl Handler<Ready> for CachedObject {
-    type Result = ();
+impl Handler<HandOver> for CachedObject {
+    type Result = HandedOver;
 
-    fn handle(&mut self, msg: Ready, _ctx: &mut Self::Context) {
-        self.continue_watcher(msg);
-    }
-}
-
-impl Handler<Unsubscribe> for CachedObject {
-    type Result = ();
-
-    fn handle(&mut self, msg: Unsubscribe, _ctx: &mut Self::Context) {
-        if self.watchers.remove(&msg.id).is_some() {
-            self.status
-                .watchers
-                .store(self.watchers.len(), Ordering::Relaxed);
+    fn handle(&mut self, msg: HandOver, _ctx: &mut Self::Context) -> HandedOver {
+        let wanted = |w: &WatcherEntry| match &msg.only_asked {
+            Some(k) => w.asked.as_deref() == Some(k),
+            None => true,
+        };
+        let candidates: Vec<u64> = self
+            .watchers
+            .iter()
+            .filter(|(_, w)| wanted(w))
+            .map(|(id, _)| *id)
+            .collect();
+        let mut out = HandedOver::default();
+        let to_synced = msg.to_status.synced.load(Ordering::Relaxed);
+        let Some(after_rv) = coalesce::handover_rv(self.progress(), to_synced) else {
+            out.left = candidates.len();
+            return out;
+        };
+        for id in candidates {
+            if !self.watchers.get(&id).is_some_and(|w| w.live) {
+                out.left += 1;
+                continue;
+            }
+            if let Some(w) = self.watchers.remove(&id) {
+                // Its pending bookmark finds no watcher and is dropped (`tick`).
+                w.link.do_send(ToWatcher::Move(watch_feed::Move {
+                    key: msg.to.clone(),
+                    link: msg.link.clone(),
+                    after_rv,
+                }));
+                out.moved += 1;
+            }
         }
+        self.status
+            .watchers
+            .store(self.watchers.len(), Ordering::Relaxed);
+        if out.moved > 0 {
+            tracing::info!(key = %self.key, to = %msg.to, moved = out.moved, left = out.left, after_rv, "watchers handed over");
+        }
+        out
     }
 }
 

@@ -57,6 +57,15 @@ pub struct CacheConfig {
     /// Threads (actix arbiters) the keys are spread over, a key always on the same one;
     /// 0: one per CPU. 1 runs every key on the registry's own thread.
     pub arbiters: usize,
+    /// Adaptive coalescing (`core::coalesce`): once this many names of one namespace and
+    /// resource are watched, and they are at least `coalesce_fraction` of the namespace's
+    /// objects, one namespace key serves them all. 0 (the default for now) turns it off.
+    pub coalesce_min_names: usize,
+    pub coalesce_fraction: f64,
+    /// Split back below this share of the namespace's objects (or below half of
+    /// `coalesce_min_names` names), once it has held for `coalesce_split_after_secs`.
+    pub coalesce_split_fraction: f64,
+    pub coalesce_split_after_secs: u64,
 }
 
 impl Default for CacheConfig {
@@ -80,11 +89,25 @@ impl Default for CacheConfig {
             max_keys: 100_000,
             max_keys_per_user: 10_000,
             arbiters: 0,
+            coalesce_min_names: 0,
+            coalesce_fraction: 0.25,
+            coalesce_split_fraction: 0.1,
+            coalesce_split_after_secs: 300,
         }
     }
 }
 
 impl CacheConfig {
+    pub fn coalesce_thresholds(&self) -> crate::core::coalesce::Thresholds {
+        crate::core::coalesce::Thresholds {
+            min_names: self.coalesce_min_names,
+            fraction: self.coalesce_fraction,
+            split_fraction: self.coalesce_split_fraction,
+            split_after_ms: self.coalesce_split_after_secs.saturating_mul(1000),
+            count_ttl_ms: 300_000,
+        }
+    }
+
     pub fn grace_period(&self) -> Duration {
         Duration::from_secs(self.grace_period_secs)
     }

@@ -175,12 +175,20 @@ pub trait SourceFactory: Send + Sync + 'static {
         status: &Arc<KeyStatus>,
         snapshots: Recipient<TakeSnapshot>,
     ) -> (SourceHandle, mpsc::Receiver<SourceMsg>);
+
+    /// How many objects `key` holds upstream, without listing them (`core::coalesce`
+    /// weighs a namespace before it is pulled in); `None` when the upstream did not say.
+    fn count(&self, _key: &Key) -> futures::future::BoxFuture<'static, Option<u64>> {
+        Box::pin(async { None })
+    }
 }
 
 /// What the registry and `/debug/keys` can see of a key without a message round trip.
 #[derive(Debug, Default)]
 pub struct KeyStatus {
     pub progress: AtomicU64,
+    /// The oldest RV a watch can start from without a 410 (`Window::replayable_from`).
+    pub replayable_from: AtomicU64,
     pub synced: AtomicBool,
     pub objects: AtomicUsize,
     pub watchers: AtomicUsize,

@@ -21,6 +21,9 @@ pub const PROBES: &str = "kcache_upstream_probes_total";
 pub const WINDOW_BACKFILLS: &str = "kcache_window_backfills_total";
 pub const KEYS_REFUSED: &str = "kcache_keys_refused_total";
 pub const COVERED_REQUESTS: &str = "kcache_covered_requests_total";
+pub const COALESCINGS: &str = "kcache_coalescings_total";
+pub const COALESCE_SPLITS: &str = "kcache_coalesce_splits_total";
+pub const COALESCE_MOVED_WATCHERS: &str = "kcache_coalesce_moved_watchers_total";
 pub const CACHE_BYPASSED: &str = "kcache_cache_bypassed_total";
 pub const PROTOBUF_UNENCODABLE: &str = "kcache_protobuf_unencodable_total";
 
@@ -104,6 +107,18 @@ pub fn describe() {
     describe_counter!(
         COVERED_REQUESTS,
         "Gets, lists and watches served by a running key that covers the request's own key (label by: namespace or cluster) instead of starting it."
+    );
+    describe_counter!(
+        COALESCINGS,
+        "Namespaces whose watched names were coalesced into one namespace key (cache.coalesce_*)."
+    );
+    describe_counter!(
+        COALESCE_SPLITS,
+        "Coalesced namespaces split back into name keys."
+    );
+    describe_counter!(
+        COALESCE_MOVED_WATCHERS,
+        "Watchers moved between a name key and its namespace key, either way, without closing their watch."
     );
     describe_counter!(
         KEYS_REFUSED,

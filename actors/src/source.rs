@@ -179,6 +179,19 @@ impl SourceFactory for UpstreamSource {
     ) -> (SourceHandle, mpsc::Receiver<SourceMsg>) {
         self.start_at(key, None)
     }
+
+    fn count(&self, key: &Key) -> futures::future::BoxFuture<'static, Option<u64>> {
+        let reader = self.reader(key);
+        Box::pin(async move {
+            match reader.count().await {
+                Ok(n) => Some(n),
+                Err(error) => {
+                    tracing::warn!(key = %reader.key, %error, "cannot count the key's objects upstream");
+                    None
+                }
+            }
+        })
+    }
 }
 
 /// `timeoutSeconds` of a replay's upstream watch (`Reader::replay`).
@@ -394,6 +407,39 @@ impl Reader {
             key: self.key.to_string(),
         })?;
         Ok((items, rv))
+    }
+
+    /// How many objects the key holds upstream: a list of one object, whose
+    /// `remainingItemCount` says how many more there are.
+    async fn count(&self) -> Result<u64> {
+        use http_body_util::BodyExt;
+        self.limits.pace().await;
+        let failed = |source| Error::ListFailed {
+            key: self.key.to_string(),
+            source,
+        };
+        let req = http::Request::get(self.uri(&[("limit", "1".to_string())]))
+            .header(http::header::ACCEPT, "application/json")
+            .body(Vec::new())
+            .map_err(|e| failed(kube::Error::HttpError(e)))?;
+        let conn = self.clients.checkout();
+        let body = send(conn.client(), req).await.map_err(failed)?;
+        let bytes = body.collect().await.map_err(failed)?.to_bytes();
+        #[derive(serde::Deserialize)]
+        struct Meta {
+            #[serde(rename = "remainingItemCount")]
+            remaining: Option<u64>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Page {
+            metadata: Meta,
+            items: Vec<serde::de::IgnoredAny>,
+        }
+        let page: Page = serde_json::from_slice(&bytes).map_err(|e| Error::ListUnreadable {
+            key: self.key.to_string(),
+            source: object::Error::List(e.to_string()),
+        })?;
+        Ok(page.items.len() as u64 + page.metadata.remaining.unwrap_or(0))
     }
 
     async fn list_with(&self, rv: u64, matching: &str) -> Result<(Vec<Object>, u64)> {

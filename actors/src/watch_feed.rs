@@ -1,19 +1,60 @@
-//! What a key sends each of its watchers: one message type, [`ToWatcher`], so a
-//! CachedObject holds a `Recipient<ToWatcher>` and never names the Watcher actor.
+//! The protocol between a key and its watchers: what a watcher asks of its key
+//! ([`ToKey`]) and what a key sends each watcher ([`ToWatcher`]), one message type each
+//! way, so each side holds a `Recipient` and neither actor names the other.
 //!
 //! `feed` is what flows into a key (from its source); this is what flows out of it. Keeping
-//! the protocol here, below both actors, is what lets `watcher` depend on `cached_object`
-//! (to subscribe) without `cached_object` depending back on `watcher`.
+//! the protocol here, below both actors, keeps `cached_object` and `watcher` out of each
+//! other's imports, and lets a watcher move to another key (`ToWatcher::Move`).
 
 use std::sync::Arc;
 
 use actix::prelude::*;
 
+use std::time::Instant;
+
 use crate::core::event::StoreEvent;
+use crate::core::key::Key;
 use crate::core::object::Object;
+use crate::core::rv::WatchPlan;
 
 /// A watcher as its key sees it.
 pub type WatcherLink = Recipient<ToWatcher>;
+
+/// A key as its watchers see it.
+pub type KeyLink = Recipient<ToKey>;
+
+/// What a watcher asks of its key.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub enum ToKey {
+    Subscribe(Subscribe),
+    Ready(Ready),
+    Unsubscribe { id: u64 },
+}
+
+/// Register a watcher; its first message back is `ToWatcher::Start`, `Expired` or
+/// `Failed`.
+pub struct Subscribe {
+    pub id: u64,
+    pub link: WatcherLink,
+    pub plan: WatchPlan,
+    pub allow_bookmarks: bool,
+    pub deadline: Option<Instant>,
+    /// The key the watch asked for, when this key covers it (`core::cover`): splitting
+    /// moves these watchers back to their own key.
+    pub asked: Option<Box<Key>>,
+}
+
+/// A watcher wrote its initial events or replay, up to the key's sequence number
+/// `after_seq`, and has `room` lines free in its client's buffer: the key answers with the
+/// events since (`ToWatcher::Replay`), live once they fit, or `ToWatcher::Expired`.
+pub struct Ready {
+    pub id: u64,
+    pub after_seq: u64,
+    /// The watcher's RV, for the 410's message.
+    pub rv: u64,
+    pub room: usize,
+}
 
 /// Every message a key sends a watcher, in the order a watch sees them: one `Start`,
 /// `Expired` or `Failed`; then `Replay`s until one makes it live; then `Dispatch`es and
@@ -42,6 +83,17 @@ pub enum ToWatcher {
         rv: u64,
     },
     Close(CloseReason),
+    /// Go on from another key that covers this watch, or that it covers (coalescing and
+    /// splitting, `core::coalesce`): the key sending this has given the watcher every event
+    /// up to `after_rv` and sends it nothing more.
+    Move(Move),
+}
+
+/// See [`ToWatcher::Move`].
+pub struct Move {
+    pub key: Key,
+    pub link: KeyLink,
+    pub after_rv: u64,
 }
 
 /// The watcher's start: initial ADDED events (state at `initial_rv`) or events to replay.

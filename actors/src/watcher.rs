@@ -20,8 +20,8 @@ use bytes::Bytes;
 use serde_json::json;
 
 use crate::body;
-use crate::cached_object::{self, CachedObject};
 use crate::core::bookmark::{bookmark_line, bookmark_object};
+use crate::core::cover;
 use crate::core::event::{encode_line, encode_value_line, StoreEvent, BACKFILLED_SEQ};
 use crate::core::filter::{convert, Conversion, Filter};
 use crate::core::key::{Key, ResourceType};
@@ -30,8 +30,8 @@ use crate::core::object::{EventType, Object};
 use crate::core::proto::Codec;
 use crate::core::rv::WatchPlan;
 use crate::metrics as m;
-use crate::registry::{Registry, Release};
-use crate::watch_feed::{CloseReason, Start, ToWatcher};
+use crate::registry::{Moved, Registry, Release};
+use crate::watch_feed::{CloseReason, KeyLink, Move, Ready, Start, Subscribe, ToKey, ToWatcher};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -115,7 +115,8 @@ pub struct WatcherSpec {
     pub encoder: Encoder,
     /// The HTTP response body; bounded, its capacity is the watcher's buffer.
     pub body: body::Sender,
-    pub cached: Addr<CachedObject>,
+    /// The key it is fed by (`key`).
+    pub cached: KeyLink,
     /// Holds the reference this watcher releases when it stops.
     pub registry: Addr<Registry>,
     /// Mailbox capacity for events from the CachedObject.
@@ -154,6 +155,10 @@ pub struct Watcher {
     cursor: Cursor,
     started: bool,
     closing: bool,
+    /// When the watch ends (its timeout), for the key it subscribes to.
+    deadline: Instant,
+    /// A move to another key, waiting for the backlog to be written.
+    moving: Option<Move>,
     last_write: Instant,
     /// Metric handles, resolved once: a delivery must not build and look up labels.
     dispatched: metrics::Counter,
@@ -180,6 +185,8 @@ impl Watcher {
             live: false,
             started: false,
             closing: false,
+            deadline: Instant::now(),
+            moving: None,
             last_write: Instant::now(),
             dispatched,
             registered,
@@ -308,13 +315,17 @@ impl Watcher {
         // Shrink what a 20,000-object start left behind.
         self.backlog = std::collections::VecDeque::new();
         self.cursor.covered(self.backlog_seq);
+        if let Some(m) = self.moving.take() {
+            self.move_to(m, ctx);
+            return;
+        }
         if !self.live && !self.closing {
-            self.spec.cached.do_send(cached_object::Ready {
+            self.spec.cached.do_send(ToKey::Ready(Ready {
                 id: self.id,
                 after_seq: self.cursor.last_seq,
                 rv: self.cursor.rv(),
                 room: self.spec.body.room(),
-            });
+            }));
         }
     }
 
@@ -394,20 +405,13 @@ impl Actor for Watcher {
             deadline,
             self.spec.keepalive,
         ));
-        self.spec.cached.do_send(cached_object::Subscribe {
-            id: self.id,
-            link: ctx.address().recipient(),
-            plan: self.spec.plan,
-            allow_bookmarks: self.spec.allow_bookmarks,
-            deadline: Some(deadline),
-        });
+        self.deadline = deadline;
+        self.subscribe(self.spec.plan, ctx);
     }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         self.registered.decrement(1.0);
-        self.spec
-            .cached
-            .do_send(cached_object::Unsubscribe { id: self.id });
+        self.spec.cached.do_send(ToKey::Unsubscribe { id: self.id });
         self.spec.registry.do_send(Release {
             key: self.spec.key.clone(),
             asked: self.spec.asked.as_deref().unwrap_or(&self.spec.key).clone(),
@@ -520,6 +524,14 @@ impl Handler<ToWatcher> for Watcher {
                     self.bookmark(rv, false, ctx);
                 }
             }
+            ToWatcher::Move(m) => {
+                // The backlog holds events the old key sent: they go out first.
+                if self.backlog.is_empty() {
+                    self.move_to(m, ctx);
+                } else {
+                    self.moving = Some(m);
+                }
+            }
             ToWatcher::Close(reason) => {
                 if let CloseReason::Draining { rv } = reason {
                     // Only a watcher that sent everything up to `rv` may say so.
@@ -535,6 +547,54 @@ impl Handler<ToWatcher> for Watcher {
 }
 
 impl Watcher {
+    /// Subscribes to the key in `spec.cached`.
+    fn subscribe(&mut self, plan: WatchPlan, ctx: &mut Context<Self>) {
+        self.spec.cached.do_send(ToKey::Subscribe(Subscribe {
+            id: self.id,
+            link: ctx.address().recipient(),
+            plan,
+            allow_bookmarks: self.spec.allow_bookmarks,
+            deadline: Some(self.deadline),
+            asked: self.spec.asked.clone(),
+        }));
+    }
+
+    /// Goes on from another key: the old one sent every event up to `after_rv` (all
+    /// written by now) and nothing after, the new one replays what came after it. The
+    /// reference moves with the watcher; the filter tests what the new key does not
+    /// guarantee; event sequence numbers start over (they are per key), the RV floor
+    /// keeps anything at or below `after_rv` from being sent again.
+    fn move_to(&mut self, m: Move, ctx: &mut Context<Self>) {
+        if self.closing {
+            return;
+        }
+        let asked = self
+            .spec
+            .asked
+            .take()
+            .map_or_else(|| self.spec.key.clone(), |k| *k);
+        self.spec.registry.do_send(Moved {
+            from: self.spec.key.clone(),
+            to: m.key.clone(),
+            asked: asked.clone(),
+        });
+        let field = std::mem::take(&mut self.spec.filter.field);
+        self.spec.filter.field = cover::field_for(&asked, &m.key, field);
+        self.spec.asked = (asked != m.key).then(|| Box::new(asked));
+        self.spec.key = m.key;
+        self.spec.cached = m.link;
+        self.cursor.moved(m.after_rv);
+        self.live = false;
+        self.started = false;
+        self.backlog_seq = 0;
+        let plan = WatchPlan {
+            initial_events: false,
+            initial_events_end_bookmark: false,
+            from_rv: m.after_rv,
+        };
+        self.subscribe(plan, ctx);
+    }
+
     fn on_start(&mut self, msg: Start, ctx: &mut Context<Self>) {
         self.started = true;
         let snapshot = (!msg.initial.is_empty() || msg.end_bookmark).then_some(msg.initial_rv);

@@ -125,7 +125,7 @@ fn the_module_graph_has_no_cycle() {
     assert!(
         graph
             .get("watcher")
-            .is_some_and(|d| d.contains("cached_object")),
+            .is_some_and(|d| d.contains("watch_feed")),
         "{graph:#?}"
     );
     assert!(graph.contains_key("core::window"), "{graph:#?}");

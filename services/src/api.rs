@@ -701,6 +701,7 @@ async fn watch(
     let held = registry
         .send(Acquire {
             key: key.clone(),
+            from_rv: if plan.initial_events { 0 } else { plan.from_rv },
             user: Some(user.username.clone()),
         })
         .await
@@ -721,7 +722,7 @@ async fn watch(
         timeout,
         encoder,
         body: tx,
-        cached: held.addr,
+        cached: held.addr.recipient(),
         registry,
         mailbox,
         keepalive,

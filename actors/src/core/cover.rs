@@ -53,6 +53,14 @@ pub fn choose(key: &Key, state: impl Fn(&Key) -> KeyState) -> Key {
         .unwrap_or_else(|| key.clone())
 }
 
+/// Whether a covering key whose window replays from `replayable_from`
+/// (`Window::replayable_from`) serves a watch from `from_rv` (0: no replay) without a 410
+/// its own key would not have given: a covering key's window holds the events of more
+/// objects, so it reaches less far back.
+pub fn serves_from(replayable_from: u64, from_rv: u64) -> bool {
+    from_rv == 0 || from_rv >= replayable_from
+}
+
 /// The field selector a watcher or list of a request for `key` applies when `served_by`
 /// serves it: on its own key, without the term the upstream selector guarantees (a name
 /// key holds only that name); on a covering key, with the terms the covering key does not
@@ -146,6 +154,22 @@ mod tests {
                 }
             };
             assert_eq!(choose(&s, state), want, "{own:?} {namespace:?} {whole:?}");
+        }
+    }
+
+    #[test]
+    fn a_covering_key_serves_only_watches_its_window_reaches() {
+        // (replayable from, watch from) → served
+        let cases = [
+            (0, 5, true),
+            (0, 0, true),
+            (100, 0, true),
+            (100, 100, true),
+            (100, 150, true),
+            (100, 99, false),
+        ];
+        for (from, rv, want) in cases {
+            assert_eq!(serves_from(from, rv), want, "{from} {rv}");
         }
     }
 

@@ -362,6 +362,14 @@ impl Cursor {
         self.last_seq = self.last_seq.max(seq);
     }
 
+    /// The watcher moved to another key, having been sent every event up to `after_rv`:
+    /// the new key's sequence numbers start over, nothing at or below `after_rv` again.
+    pub fn moved(&mut self, after_rv: u64) {
+        self.last_seq = 0;
+        self.floor = self.floor.max(after_rv);
+        self.sent_rv = self.sent_rv.max(after_rv);
+    }
+
     /// The RV to name in a 410 for this watcher.
     pub fn rv(&self) -> u64 {
         self.sent_rv.max(self.floor)

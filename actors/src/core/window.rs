@@ -73,6 +73,17 @@ impl Window {
         !self.evicted_since_list
     }
 
+    /// The oldest RV a watch can start from without a 410: any, while the window is
+    /// complete since its list (older ones are backfilled, `core::backfill`), else one
+    /// below the oldest event it holds (`rv::watch_start`).
+    pub fn replayable_from(&self) -> u64 {
+        if self.complete_since_list() {
+            0
+        } else {
+            self.oldest_replayable().saturating_sub(1)
+        }
+    }
+
     /// The RV the window is complete after (its last list), while nothing was evicted.
     pub fn list_rv(&self) -> u64 {
         self.list_rv

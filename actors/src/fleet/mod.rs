@@ -243,4 +243,8 @@ impl SourceFactory for FleetSource {
         let handle = actix::spawn(task.run());
         (SourceHandle::graceful(commands, handle), events)
     }
+
+    fn count(&self, key: &Key) -> futures::future::BoxFuture<'static, Option<u64>> {
+        self.0.upstream.count(key)
+    }
 }

@@ -2,8 +2,12 @@
 //! release stops it after a grace period, so a reconnecting client does not restart the
 //! upstream watch — the kubelet watch-based manager's `AddReference`/`DeleteReference`.
 //!
+//! Adaptive coalescing of name keys into namespace keys is in [`coalesce`].
+//!
 //! It holds each CachedObject's strong `Addr` (the refcount decides its lifetime) and is
 //! passed explicitly, never a global, so one process can host several replicas in tests.
+
+mod coalesce;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -49,6 +53,9 @@ pub struct Registry {
     fleet: Option<FleetInterest>,
     /// Keys started and held per user (`cache.max_keys_per_user`).
     keys_by_user: HashMap<String, usize>,
+    /// Adaptive coalescing, by namespace key (`coalesce`).
+    coalescing: HashMap<Key, coalesce::Coalescing>,
+    started: std::time::Instant,
 }
 
 struct FleetInterest {
@@ -99,6 +106,8 @@ impl Registry {
             replica,
             fleet: None,
             keys_by_user: HashMap::new(),
+            coalescing: HashMap::new(),
+            started: std::time::Instant::now(),
         }
     }
 
@@ -190,6 +199,10 @@ impl Registry {
         Ok(())
     }
 
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
     /// How far along `key` is here.
     fn state(&self, key: &Key) -> KeyState {
         match self.entries.get(key) {
@@ -199,10 +212,37 @@ impl Registry {
         }
     }
 
-    /// A reference for a request of `asked`: on its own key, or on a synced key that
-    /// covers it when its own is not running (`core::cover`).
-    fn acquire_covering(&mut self, asked: Key, user: Option<&str>) -> Result<Held, Error> {
-        let key = cover::choose(&asked, |k| self.state(k));
+    /// A reference for a request of `asked` (a watch from `from_rv`, or 0): on its own
+    /// key, or on a synced key that covers it when its own is not running and whose window
+    /// reaches `from_rv` (`core::cover`).
+    fn acquire_covering(
+        &mut self,
+        asked: Key,
+        from_rv: u64,
+        user: Option<&str>,
+    ) -> Result<Held, Error> {
+        // A coalesced namespace serves its names even while their old keys run out their
+        // grace period.
+        let coalesced = coalesce::namespace_key(&asked).filter(|ns| {
+            self.coalescing.get(ns).is_some_and(|c| c.coalesced())
+                && self.state(ns) == KeyState::Synced
+        });
+        let key = coalesced.unwrap_or_else(|| {
+            cover::choose(&asked, |k| match self.state(k) {
+                KeyState::Synced if k != &asked => {
+                    let reach = self
+                        .entries
+                        .get(k)
+                        .map_or(0, |e| e.status.replayable_from.load(Ordering::Relaxed));
+                    if cover::serves_from(reach, from_rv) {
+                        KeyState::Synced
+                    } else {
+                        KeyState::Syncing
+                    }
+                }
+                s => s,
+            })
+        });
         if key == asked {
             let addr = self.acquire_for(key.clone(), user)?;
             return Ok(Held { key, addr });
@@ -350,6 +390,7 @@ impl Actor for Registry {
             fleet.gossip.spawn_follow(ctx.address().recipient());
             ctx.run_interval(fleet.interval, |act, _| act.publish_interest());
         }
+        ctx.run_interval(coalesce::CHECK_EVERY, |act, ctx| act.check_coalescing(ctx));
     }
 }
 
@@ -360,6 +401,8 @@ impl Actor for Registry {
 #[rtype(result = "Result<Held, Error>")]
 pub struct Acquire {
     pub key: Key,
+    /// The RV a watch replays from (0: none).
+    pub from_rv: u64,
     /// Who asked: a key they start counts against their budget. `None`: no budget.
     pub user: Option<String>,
 }
@@ -378,6 +421,17 @@ pub struct Release {
     /// The key held ([`Held::key`]).
     pub key: Key,
     /// The key the request asked for.
+    pub asked: Key,
+}
+
+/// A watcher moved from one key to another (`watch_feed::Move`): its reference moves
+/// with it.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Moved {
+    pub from: Key,
+    pub to: Key,
+    /// The key the watch asked for.
     pub asked: Key,
 }
 
@@ -439,6 +493,10 @@ pub struct KeyInfo {
     /// the references each holds (`core::cover`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub covering: Vec<CoveredKey>,
+    /// `coalesced` or `splitting` for a namespace key that serves its names
+    /// (`core::coalesce`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub coalescing: Option<&'static str>,
     /// Fleet fields, present when running with `--nats`.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<FleetKeyInfo>,
@@ -479,7 +537,7 @@ impl Handler<Acquire> for Registry {
     type Result = MessageResult<Acquire>;
 
     fn handle(&mut self, msg: Acquire, _ctx: &mut Self::Context) -> Self::Result {
-        MessageResult(self.acquire_covering(msg.key, msg.user.as_deref()))
+        MessageResult(self.acquire_covering(msg.key, msg.from_rv, msg.user.as_deref()))
     }
 }
 
@@ -495,7 +553,7 @@ impl Handler<Hold> for Registry {
     type Result = MessageResult<Hold>;
 
     fn handle(&mut self, msg: Hold, ctx: &mut Self::Context) -> Self::Result {
-        let held = self.acquire_covering(msg.key.clone(), msg.user.as_deref());
+        let held = self.acquire_covering(msg.key.clone(), 0, msg.user.as_deref());
         if let Ok(h) = &held {
             let (key, asked) = (h.key.clone(), msg.key);
             ctx.run_later(msg.duration, move |act, ctx| act.release(&key, &asked, ctx));
@@ -543,6 +601,7 @@ impl Handler<GetDebugKeys> for Registry {
                     c.sort_by(|a, b| a.key.cmp(&b.key));
                     c
                 },
+                coalescing: self.coalescing.get(k).and_then(|c| c.label()),
                 fleet: self.fleet.as_ref().map(|fleet| {
                     let f = e.status.fleet();
                     FleetKeyInfo {

@@ -1,0 +1,188 @@
+//! Adaptive coalescing: when enough names of one namespace are watched, one namespace
+//! key (one upstream watch) serves them all instead of one name key each; when few are
+//! left, they split back.
+//!
+//! The cost model. A name key costs the API server one watch (a cacheWatcher, its
+//! goroutines and buffers, a few KiB) and kcache one key; a namespace key costs one watch
+//! and kcache a copy of **every** object in the namespace. Coalescing saves `names - 1`
+//! upstream watches at the price of holding `objects - names` objects nobody asked for, so
+//! it pays when the watched names are a large enough share of the namespace:
+//! `names >= min_names` and `names >= fraction × objects`. A namespace with 10,000 Secrets
+//! of which 3 are watched never qualifies. Splitting back uses a lower share
+//! (`split_fraction`) and must hold for `split_after_ms`, so a namespace near the
+//! threshold does not flap.
+//!
+//! `decide` is pure: the registry gathers each namespace's figures, carries out the
+//! decision (count the namespace's objects upstream, start the namespace key and move
+//! watchers onto it, or back) and feeds the result in again.
+
+/// Thresholds (configuration: `cache.coalesce_*`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Thresholds {
+    /// 0 turns coalescing off.
+    pub min_names: usize,
+    pub fraction: f64,
+    pub split_fraction: f64,
+    pub split_after_ms: u64,
+    /// How long an object count is trusted.
+    pub count_ttl_ms: u64,
+}
+
+/// One namespace and resource, as the registry sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Group {
+    /// Names with references: running name keys and names the namespace key serves.
+    pub names: usize,
+    /// The namespace's object count and when it was taken, if known.
+    pub objects: Option<(u64, u64)>,
+    /// An upstream count is in flight.
+    pub counting: bool,
+    /// The namespace key serves the names (coalesced).
+    pub coalesced: bool,
+    /// Since when the group has been below the split threshold, if it is.
+    pub below_since_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Keep,
+    /// Ask the upstream how many objects the namespace holds.
+    Count,
+    /// Start the namespace key and move the names' watchers onto it.
+    Coalesce,
+    /// Start the name keys again and move their watchers back.
+    Split,
+    /// Below the split threshold from now on: remember `now`.
+    MarkBelow,
+    /// Back above it: forget when it went below.
+    ClearBelow,
+}
+
+/// What to do about one group at `now_ms`.
+pub fn decide(g: &Group, t: &Thresholds, now_ms: u64) -> Decision {
+    if t.min_names == 0 {
+        return if g.coalesced {
+            Decision::Split
+        } else {
+            Decision::Keep
+        };
+    }
+    let objects = g
+        .objects
+        .filter(|(_, at)| now_ms.saturating_sub(*at) < t.count_ttl_ms)
+        .map(|(n, _)| n);
+    if !g.coalesced {
+        if g.names < t.min_names {
+            return Decision::Keep;
+        }
+        return match objects {
+            // While the namespace key runs it knows its count; before, it must be asked.
+            None if g.counting => Decision::Keep,
+            None => Decision::Count,
+            Some(n) if g.names as f64 >= t.fraction * n as f64 => Decision::Coalesce,
+            Some(_) => Decision::Keep,
+        };
+    }
+    let below = g.names * 2 < t.min_names
+        || objects.is_some_and(|n| (g.names as f64) < t.split_fraction * n as f64);
+    match (below, g.below_since_ms) {
+        (false, None) => Decision::Keep,
+        (false, Some(_)) => Decision::ClearBelow,
+        (true, None) => Decision::MarkBelow,
+        (true, Some(since)) if now_ms.saturating_sub(since) >= t.split_after_ms => Decision::Split,
+        (true, Some(_)) => Decision::Keep,
+    }
+}
+
+/// Where a watcher moved from one key to another resumes: the RV up to which the key it
+/// leaves has given it every event (`from_progress`: it was live and caught up, and the
+/// move is queued behind those events). The key it joins must be synced; it may be behind
+/// (a quiet name key learns of progress only from its events and bookmarks): what it
+/// sends later at or below that RV was sent already and the watcher's floor drops it,
+/// what comes after is new. So nothing is skipped, sent twice or sent out of order.
+/// `None`: not yet.
+pub fn handover_rv(from_progress: u64, to_synced: bool) -> Option<u64> {
+    to_synced.then_some(from_progress)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Decision::*;
+
+    const T: Thresholds = Thresholds {
+        min_names: 4,
+        fraction: 0.25,
+        split_fraction: 0.1,
+        split_after_ms: 60_000,
+        count_ttl_ms: 300_000,
+    };
+
+    fn g(names: usize, objects: Option<u64>, coalesced: bool, below: Option<u64>) -> Group {
+        Group {
+            names,
+            objects: objects.map(|n| (n, 1_000)),
+            counting: false,
+            coalesced,
+            below_since_ms: below,
+        }
+    }
+
+    #[test]
+    fn decision_table() {
+        let now = 10_000;
+        let cases = [
+            // Few names: nothing, not even a count.
+            (g(3, None, false, None), Keep),
+            // Enough names, count unknown: count first.
+            (g(4, None, false, None), Count),
+            // The kubelet pattern: 30 of 100 objects watched.
+            (g(30, Some(100), false, None), Coalesce),
+            // 3 (or 40) of 10,000 watched: never pulled in whole.
+            (g(3, Some(10_000), false, None), Keep),
+            (g(40, Some(10_000), false, None), Keep),
+            // Exactly at the share.
+            (g(25, Some(100), false, None), Coalesce),
+            (g(24, Some(100), false, None), Keep),
+            // Coalesced, still above the split share.
+            (g(20, Some(100), true, None), Keep),
+            (g(20, Some(100), true, Some(5_000)), ClearBelow),
+            // Coalesced, below: remembered, then split after split_after_ms.
+            (g(5, Some(100), true, None), MarkBelow),
+            (g(5, Some(100), true, Some(5_000)), Keep),
+            (g(1, None, true, None), MarkBelow),
+        ];
+        for (group, want) in cases {
+            assert_eq!(decide(&group, &T, now), want, "{group:?}");
+        }
+        assert_eq!(
+            decide(&g(5, Some(100), true, Some(5_000)), &T, 65_000),
+            Split
+        );
+    }
+
+    #[test]
+    fn a_stale_count_is_taken_again_and_one_in_flight_is_awaited() {
+        let stale = g(30, Some(100), false, None);
+        assert_eq!(decide(&stale, &T, 1_000 + T.count_ttl_ms), Count);
+        let counting = Group {
+            counting: true,
+            objects: None,
+            ..stale
+        };
+        assert_eq!(decide(&counting, &T, 0), Keep);
+    }
+
+    #[test]
+    fn switched_off_it_splits_what_is_coalesced_and_starts_nothing() {
+        let off = Thresholds { min_names: 0, ..T };
+        assert_eq!(decide(&g(30, Some(100), false, None), &off, 0), Keep);
+        assert_eq!(decide(&g(30, Some(100), true, None), &off, 0), Split);
+    }
+
+    #[test]
+    fn a_watcher_moves_to_a_synced_key_from_where_the_old_one_left_it() {
+        assert_eq!(handover_rv(100, true), Some(100));
+        assert_eq!(handover_rv(100, false), None);
+    }
+}

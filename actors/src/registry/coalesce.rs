@@ -1,0 +1,268 @@
+//! The registry's side of adaptive coalescing: every second it counts the names watched
+//! per namespace and resource, asks `core::coalesce` what to do, and does it — counts a
+//! namespace's objects upstream, starts the namespace key and has the name keys hand their
+//! watchers over to it, or starts the name keys again and has the namespace key hand the
+//! names' watchers back. Watchers move without a gap, a duplicate or an RV going back
+//! (`CachedObject`'s `HandOver`, the watcher's `Move`).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use actix::prelude::*;
+
+use super::{Moved, Registry};
+use crate::cached_object::{HandOver, HandedOver};
+use crate::core::coalesce::{self, Decision, Group};
+use crate::core::key::{Key, Scope};
+use crate::metrics as m;
+
+/// How often the registry looks at its namespaces.
+pub(super) const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// What the registry remembers of one namespace and resource (keyed by its namespace key).
+#[derive(Debug, Default)]
+pub(super) struct Coalescing {
+    objects: Option<(u64, u64)>,
+    counting: bool,
+    below_since_ms: Option<u64>,
+    state: State,
+}
+
+#[derive(Debug, Default)]
+enum State {
+    #[default]
+    Apart,
+    /// The registry holds a reference on the namespace key, which serves the names.
+    Coalesced,
+    /// The registry holds the name keys it started again (with whether each has taken
+    /// its watchers back) and still the namespace key.
+    Splitting(HashMap<Key, bool>),
+}
+
+impl Coalescing {
+    pub(super) fn coalesced(&self) -> bool {
+        matches!(self.state, State::Coalesced)
+    }
+
+    pub(super) fn label(&self) -> Option<&'static str> {
+        match self.state {
+            State::Apart => None,
+            State::Coalesced => Some("coalesced"),
+            State::Splitting(_) => Some("splitting"),
+        }
+    }
+}
+
+/// The namespace key a name key of a namespace belongs to.
+pub(super) fn namespace_key(key: &Key) -> Option<Key> {
+    match &key.scope {
+        Scope::Name {
+            namespace: Some(ns),
+            ..
+        } => Some(Key::new(key.resource.clone(), Scope::Namespace(ns.clone()))),
+        _ => None,
+    }
+}
+
+impl Registry {
+    /// The names watched per namespace key: running name keys with references, and the
+    /// names the namespace key serves for requests of theirs.
+    fn watched_names(&self) -> HashMap<Key, HashSet<Key>> {
+        let mut names: HashMap<Key, HashSet<Key>> = HashMap::new();
+        for (key, e) in &self.entries {
+            if let (Some(ns), true) = (namespace_key(key), e.refs > 0) {
+                names.entry(ns).or_default().insert(key.clone());
+            }
+            if matches!(key.scope, Scope::Namespace(_)) {
+                for (asked, n) in &e.covering {
+                    if *n > 0 && matches!(asked.scope, Scope::Name { .. }) {
+                        names.entry(key.clone()).or_default().insert(asked.clone());
+                    }
+                }
+            }
+        }
+        names
+    }
+
+    pub(super) fn check_coalescing(&mut self, ctx: &mut Context<Self>) {
+        let t = self.cfg.coalesce_thresholds();
+        if t.min_names == 0 && self.coalescing.is_empty() {
+            return;
+        }
+        let now = self.now_ms();
+        let names = self.watched_names();
+        let mut groups: HashSet<Key> = names.keys().cloned().collect();
+        groups.extend(self.coalescing.keys().cloned());
+        for ns_key in groups {
+            let watched = names.get(&ns_key).map_or(0, HashSet::len);
+            // A running, synced namespace key knows its count.
+            let running = self
+                .entries
+                .get(&ns_key)
+                .filter(|e| e.status.synced.load(Ordering::Relaxed));
+            let own_count = running.map(|e| (e.status.objects.load(Ordering::Relaxed) as u64, now));
+            let c = self.coalescing.entry(ns_key.clone()).or_default();
+            if own_count.is_some() {
+                c.objects = own_count;
+            }
+            if matches!(c.state, State::Splitting(_)) {
+                // A split runs to its end before anything is decided again.
+                self.carry_on(&ns_key, names.get(&ns_key), ctx);
+                continue;
+            }
+            let group = Group {
+                names: watched,
+                objects: c.objects,
+                counting: c.counting,
+                coalesced: !matches!(c.state, State::Apart),
+                below_since_ms: c.below_since_ms,
+            };
+            match coalesce::decide(&group, &t, now) {
+                Decision::Keep => {}
+                Decision::MarkBelow => c.below_since_ms = Some(now),
+                Decision::ClearBelow => c.below_since_ms = None,
+                Decision::Count => {
+                    c.counting = true;
+                    self.count(ns_key.clone(), ctx);
+                }
+                Decision::Coalesce => self.coalesce(&ns_key, watched),
+                Decision::Split => self.split(&ns_key, names.get(&ns_key)),
+            }
+            self.carry_on(&ns_key, names.get(&ns_key), ctx);
+        }
+        // Forget namespaces with nothing left to remember.
+        self.coalescing.retain(|_, c| {
+            !matches!(c.state, State::Apart)
+                || c.counting
+                || c.objects
+                    .is_some_and(|(_, at)| now.saturating_sub(at) < t.count_ttl_ms)
+        });
+    }
+
+    fn count(&mut self, ns_key: Key, ctx: &mut Context<Self>) {
+        let now = self.now_ms();
+        let counted = self.sources.count(&ns_key);
+        ctx.spawn(counted.into_actor(self).map(move |n, act, _| {
+            if let Some(c) = act.coalescing.get_mut(&ns_key) {
+                c.counting = false;
+                // A namespace that cannot be counted is not pulled in, until asked again.
+                c.objects = Some((n.unwrap_or(u64::MAX), now));
+                tracing::debug!(key = %ns_key, objects = ?n, "counted the namespace's objects");
+            }
+        }));
+    }
+
+    fn coalesce(&mut self, ns_key: &Key, names: usize) {
+        self.acquire(ns_key.clone());
+        if let Some(c) = self.coalescing.get_mut(ns_key) {
+            c.state = State::Coalesced;
+            c.below_since_ms = None;
+        }
+        let r = &ns_key.resource;
+        metrics::counter!(m::COALESCINGS, "group" => r.group.clone(), "resource" => r.resource.clone()).increment(1);
+        tracing::info!(key = %ns_key, names, "coalescing the namespace's name keys into its namespace key");
+    }
+
+    fn split(&mut self, ns_key: &Key, names: Option<&HashSet<Key>>) {
+        let mut started = HashMap::new();
+        for name in names.into_iter().flatten() {
+            // Only the names the namespace key serves move back; a name key that still
+            // runs keeps its own watchers.
+            self.acquire(name.clone());
+            started.insert(name.clone(), false);
+        }
+        if let Some(c) = self.coalescing.get_mut(ns_key) {
+            c.state = State::Splitting(started);
+            c.below_since_ms = None;
+        }
+        let r = &ns_key.resource;
+        metrics::counter!(m::COALESCE_SPLITS, "group" => r.group.clone(), "resource" => r.resource.clone()).increment(1);
+        tracing::info!(key = %ns_key, "splitting the namespace key back into name keys");
+    }
+
+    /// Moves watchers while coalesced or splitting, and ends a split once every name key
+    /// has its watchers back.
+    fn carry_on(&mut self, ns_key: &Key, names: Option<&HashSet<Key>>, ctx: &mut Context<Self>) {
+        let Some(ns) = self.entries.get(ns_key) else {
+            return;
+        };
+        let (ns_addr, ns_status) = (ns.addr.clone(), ns.status.clone());
+        let Some(c) = self.coalescing.get(ns_key) else {
+            return;
+        };
+        match &c.state {
+            State::Apart => {}
+            State::Coalesced => {
+                for name in names.into_iter().flatten() {
+                    let Some(e) = self.entries.get(name) else {
+                        continue;
+                    };
+                    if e.status.watchers.load(Ordering::Relaxed) == 0 {
+                        continue;
+                    }
+                    e.addr.do_send(HandOver {
+                        to: ns_key.clone(),
+                        link: ns_addr.clone().recipient(),
+                        to_status: ns_status.clone(),
+                        only_asked: None,
+                    });
+                }
+            }
+            State::Splitting(started) => {
+                if started.values().all(|done| *done) {
+                    let held: Vec<Key> = started.keys().cloned().collect();
+                    for k in &held {
+                        self.release(k, k, ctx);
+                    }
+                    self.release(ns_key, ns_key, ctx);
+                    if let Some(c) = self.coalescing.get_mut(ns_key) {
+                        c.state = State::Apart;
+                    }
+                    tracing::info!(key = %ns_key, names = held.len(), "split done");
+                    return;
+                }
+                for (name, done) in started {
+                    let Some(e) = self.entries.get(name).filter(|_| !done) else {
+                        continue;
+                    };
+                    let hand = ns_addr.send(HandOver {
+                        to: name.clone(),
+                        link: e.addr.clone().recipient(),
+                        to_status: e.status.clone(),
+                        only_asked: Some(name.clone()),
+                    });
+                    let (ns_key, name) = (ns_key.clone(), name.clone());
+                    ctx.spawn(hand.into_actor(self).map(move |res, act, _| {
+                        let Ok(HandedOver { left: 0, .. }) = res else {
+                            return;
+                        };
+                        if let Some(Coalescing {
+                            state: State::Splitting(started),
+                            ..
+                        }) = act.coalescing.get_mut(&ns_key)
+                        {
+                            started.insert(name, true);
+                        }
+                    }));
+                }
+            }
+        }
+    }
+}
+
+impl Handler<Moved> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, msg: Moved, ctx: &mut Self::Context) {
+        self.acquire(msg.to.clone());
+        if msg.asked != msg.to {
+            if let Some(e) = self.entries.get_mut(&msg.to) {
+                *e.covering.entry(msg.asked.clone()).or_default() += 1;
+            }
+        }
+        self.release(&msg.from, &msg.asked, ctx);
+        let r = &msg.to.resource;
+        metrics::counter!(m::COALESCE_MOVED_WATCHERS, "group" => r.group.clone(), "resource" => r.resource.clone()).increment(1);
+    }
+}

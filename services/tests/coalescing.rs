@@ -1,0 +1,221 @@
+//! Adaptive coalescing against a real API server: names of one namespace watched by
+//! kube-rs clients move onto the namespace key once enough of them are watched, and back
+//! onto name keys once few are, under random writes. Every client's events are compared
+//! with those of the same watch on the API server itself: no gap, no duplicate, no
+//! resourceVersion going back, no relist, the same final state.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::runtime::watcher;
+use support::judge::{upstream_state, Judge};
+use support::kcache::Kcache;
+use support::{eventually, TestCluster, ADMIN_TOKEN};
+
+const NS: &str = "coal";
+/// Objects in the namespace (the writer's names).
+const OBJECTS: usize = 10;
+
+/// Random writes over the namespace's ten ConfigMaps.
+async fn writes(api: &kube::Api<ConfigMap>, n: usize) {
+    use rand::Rng;
+    for i in 0..n {
+        let (name, op) = {
+            let mut rng = rand::rng();
+            (
+                format!("cm{}", rng.random_range(0..OBJECTS)),
+                rng.random_range(0..10),
+            )
+        };
+        if op < 2 {
+            let _ = api.delete(&name, &Default::default()).await;
+        } else {
+            let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "data": {"i": i.to_string()},
+            }))
+            .expect("cm");
+            let pp = kube::api::PatchParams::apply("test").force();
+            let _ = api.patch(&name, &pp, &kube::api::Patch::Apply(&cm)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+}
+
+/// One name, watched through kcache and directly on the API server.
+struct Pair {
+    name: String,
+    kcache: Judge,
+    direct: Judge,
+}
+
+impl Pair {
+    fn start(k: &Kcache, admin: &kube::Client, name: &str) -> Pair {
+        let cfg = || watcher::Config::default().fields(&format!("metadata.name={name}"));
+        Pair {
+            name: name.to_string(),
+            kcache: Judge::start_with(k.kube_client(ADMIN_TOKEN), NS, cfg()),
+            direct: Judge::start_with(admin.clone(), NS, cfg()),
+        }
+    }
+
+    /// The object events (`apply|delete name rv`) a judge saw after its first list, above
+    /// `after`.
+    fn events(judge: &Judge, after: u64) -> Vec<String> {
+        let s = judge.seen.lock().expect("seen");
+        s.recent
+            .iter()
+            .skip_while(|e| *e != "init-done")
+            .filter(|e| e.starts_with("apply ") || e.starts_with("delete "))
+            .filter(|e| {
+                e.rsplit(' ')
+                    .next()
+                    .and_then(|rv| rv.parse::<u64>().ok())
+                    .is_some_and(|rv| rv > after)
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// The RV of the first list a judge saw (the highest RV among its initial objects,
+    /// or 0).
+    fn listed_at(judge: &Judge) -> u64 {
+        let s = judge.seen.lock().expect("seen");
+        s.recent
+            .iter()
+            .take_while(|e| *e != "init-done")
+            .filter_map(|e| e.rsplit(' ').next().and_then(|rv| rv.parse().ok()))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Both judges hold the API server's state of the name, the kcache one saw the same
+    /// events as the direct one since both had listed, and it never broke or relisted.
+    async fn judge(&self, api: &kube::Api<ConfigMap>) {
+        let want: BTreeMap<String, String> = upstream_state(api)
+            .await
+            .into_iter()
+            .filter(|(n, _)| *n == self.name)
+            .collect();
+        eventually(
+            &format!("the watchers of {} converge", self.name),
+            Duration::from_secs(60),
+            || async { self.kcache.state() == want && self.direct.state() == want },
+        )
+        .await;
+        self.kcache.assert_clean(&self.name);
+        let after = Self::listed_at(&self.kcache).max(Self::listed_at(&self.direct));
+        assert_eq!(
+            Self::events(&self.kcache, after),
+            Self::events(&self.direct, after),
+            "{}: kcache (left) vs the API server, events after RV {after}",
+            self.name
+        );
+    }
+}
+
+async fn coalesced(k: &Kcache) -> Option<String> {
+    k.key_info(&format!("/api/v1/namespaces/{NS}/configmaps"))
+        .await
+        .and_then(|i| i["coalescing"].as_str().map(str::to_string))
+}
+
+async fn name_keys(k: &Kcache) -> usize {
+    let keys = k.debug_keys().await;
+    keys["keys"]
+        .as_array()
+        .map(|ks| {
+            ks.iter()
+                .filter(|k| {
+                    k["key"]
+                        .as_str()
+                        .is_some_and(|k| k.contains(&format!("/namespaces/{NS}/configmaps/")))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watched_names_coalesce_into_their_namespace_and_split_back_without_a_gap() {
+    let cluster = TestCluster::start().await;
+    // Four of ten objects watched coalesce; two split back after 3 s. Name keys stop 2 s
+    // after their last watcher left. A window large enough that nothing here expires.
+    let k = Kcache::start(
+        &cluster,
+        "[cache]\ncoalesce_min_names = 4\ncoalesce_fraction = 0.3\n\
+         coalesce_split_fraction = 0.35\ncoalesce_split_after_secs = 3\n\
+         grace_period_secs = 2\nwindow_capacity = 2000\n",
+    )
+    .await;
+    let admin = cluster.kube_client().await;
+    support::create_namespace(&admin, NS).await;
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), NS);
+    writes(&api, 20).await;
+
+    let pairs: Vec<Pair> = (0..6)
+        .map(|i| Pair::start(&k, &admin, &format!("cm{i}")))
+        .collect();
+    // Both sides of every pair list before anything is written, so their first lists
+    // show the same state and their events can be compared one for one.
+    let listed = |j: &Judge| j.seen.lock().expect("seen").inits >= 1;
+    eventually("every watcher listed", Duration::from_secs(30), || async {
+        pairs.iter().all(|p| listed(&p.kcache) && listed(&p.direct))
+    })
+    .await;
+    let writer = {
+        let api = api.clone();
+        tokio::spawn(async move { writes(&api, 250).await })
+    };
+    eventually(
+        "the namespace key serves the names",
+        Duration::from_secs(60),
+        || async { coalesced(&k).await.as_deref() == Some("coalesced") },
+    )
+    .await;
+    eventually(
+        "the name keys stopped: one upstream watch",
+        Duration::from_secs(60),
+        || async { name_keys(&k).await == 0 && k.metric("kcache_upstream_watches").await == 1.0 },
+    )
+    .await;
+    writer.await.expect("writes");
+    for p in &pairs {
+        p.judge(&api).await;
+    }
+    let moved_on = k.metric("kcache_coalesce_moved_watchers_total").await;
+    assert!(moved_on >= 6.0, "every watcher moved: {moved_on}");
+
+    // Four names are left alone: two watched of ten is below the split share.
+    let mut pairs = pairs;
+    pairs.truncate(2);
+    let writer = {
+        let api = api.clone();
+        tokio::spawn(async move { writes(&api, 250).await })
+    };
+    for _ in 0..60 {
+        if coalesced(&k).await.is_none() && name_keys(&k).await == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    if !(coalesced(&k).await.is_none() && name_keys(&k).await == 2) {
+        panic!("no split: {:#}\n{}", k.debug_keys().await, k.log_tail());
+    }
+    writer.await.expect("writes");
+    eventually(
+        "the namespace key stopped: one upstream watch per name",
+        Duration::from_secs(60),
+        || async { k.metric("kcache_upstream_watches").await == 2.0 },
+    )
+    .await;
+    for p in &pairs {
+        p.judge(&api).await;
+    }
+    assert!(k.metric("kcache_coalesce_moved_watchers_total").await >= moved_on + 2.0);
+    assert_eq!(k.metric("kcache_coalesce_splits_total").await, 1.0);
+    assert_eq!(k.metric("kcache_coalescings_total").await, 1.0);
+}
