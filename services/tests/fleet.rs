@@ -384,6 +384,88 @@ async fn owner_killed_then_a_late_replica_joins() {
     assert!(b.metric("kcache_fleet_ownership_changes_total").await >= 1.0);
 }
 
+/// A kube-rs client's list-then-watch on a replica that does not cache the key yet: its
+/// list goes to the API server (kube-core sends no `resourceVersion=0` with a `limit`, so
+/// even `any_semantic()` is a consistent read, which kcache proxies) at RV L; its watch from
+/// L starts the key, which syncs from the owner's snapshot at a later RV when the key was
+/// written in between. The watch is older than the young key's window: it is served from
+/// the upstream's replay (`core::backfill`), as the API server would serve it, not a 410
+/// (the late joiner's rare first-watch 410 before backfills).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_mirror_serves_a_watch_from_before_its_first_snapshot() {
+    let cluster = TestCluster::start().await;
+    let nats = Nats::start(cluster.dir_path());
+    let a = replica(&cluster, &nats, "a", "").await;
+    let admin = cluster.kube_client().await;
+    support::create_namespace(&admin, "young").await;
+    let key = "/api/v1/namespaces/young/configmaps";
+    let _hold_a = spawn_watch(
+        support::insecure_http(),
+        format!("{}{key}?watch=1&resourceVersion=0", a.url),
+        |_| true,
+    );
+    eventually("a owns the key", Duration::from_secs(30), || async {
+        a.role(key).await == "owner"
+    })
+    .await;
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(admin, "young");
+    let cm = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}})).expect("a ConfigMap")
+    };
+    let pp = kube::api::PostParams::default();
+    api.create(&pp, &cm("before")).await.expect("create");
+    // The client's list, as kube-rs sends it: answered by the API server.
+    let listed = api
+        .list(&kube::api::ListParams::default())
+        .await
+        .expect("list");
+    let from = listed.metadata.resource_version.expect("the list's RV");
+    // A write after the list, which the owner has before the late replica asks it for
+    // its snapshot.
+    let after = api.create(&pp, &cm("after")).await.expect("create");
+    let after_rv: u64 = after
+        .metadata
+        .resource_version
+        .expect("an RV")
+        .parse()
+        .expect("a numeric RV");
+    eventually("a has the write", Duration::from_secs(10), || async {
+        a.key_info(key)
+            .await
+            .and_then(|i| i["resourceVersion"].as_str()?.parse::<u64>().ok())
+            .is_some_and(|rv| rv >= after_rv)
+    })
+    .await;
+    let c = replica(&cluster, &nats, "c", "").await;
+    let resp = support::insecure_http()
+        .get(format!(
+            "{}{key}?watch=1&resourceVersion={from}&allowWatchBookmarks=true",
+            c.url
+        ))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("watch");
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut rx = support::event_channel(resp);
+    let first = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        .await
+        .expect("an event within 20 s")
+        .expect("the watch ended without an event");
+    assert_eq!(first["type"], "ADDED", "{first}");
+    assert_eq!(first["object"]["metadata"]["name"], "after", "{first}");
+    assert_eq!(c.role(key).await, "mirror");
+    assert_eq!(c.metric("kcache_watch_expired_total").await, 0.0);
+    assert!(
+        support::kcache::sum_samples(
+            &c.metrics_text().await,
+            "kcache_window_backfills_total",
+            Some("outcome=\"extended\"")
+        ) >= 1.0,
+        "the watch was not served by a backfill"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_killed_and_restarted_on_its_port() {
     let cluster = TestCluster::start().await;

@@ -49,11 +49,13 @@ impl Judge {
         Self::start_with(client, ns, watcher::Config::default())
     }
 
-    /// As [`Judge::start`], listing from the cache (`resourceVersion=0`), as client-go's
-    /// informers do. A replica that joins while the key is being written should be judged
-    /// this way: a consistent list from the API server at RV L, then a watch from L on a
-    /// key the replica only starts caching at a later RV, gets 410 on any cache — the API
-    /// server's own too, for an L older than its window — and the client relists.
+    /// As [`Judge::start`] with `any_semantic()`. Its list is still a consistent read,
+    /// forwarded to the API server: kube-core sends no `resourceVersion=0` with a `limit`,
+    /// and kube-runtime pages by 500 by default. On a replica joining while the key is
+    /// written, the watch from that list's RV L starts the key, which syncs at a later RV
+    /// when a write came in between: a young key's watch, served from the upstream's
+    /// replay (`core::backfill`) — before backfills, the late joiner's rare first-watch
+    /// 410 (`a_late_mirror_serves_a_watch_from_before_its_first_snapshot`).
     pub fn start_cached(client: kube::Client, ns: &str) -> Judge {
         Self::start_with(client, ns, watcher::Config::default().any_semantic())
     }
