@@ -219,3 +219,128 @@ async fn watched_names_coalesce_into_their_namespace_and_split_back_without_a_ga
     assert_eq!(k.metric("kcache_coalesce_splits_total").await, 1.0);
     assert_eq!(k.metric("kcache_coalescings_total").await, 1.0);
 }
+
+/// A replica of a 3-replica fleet with coalescing on.
+async fn fleet_replica(cluster: &TestCluster, nats: &support::nats::Nats, id: &str) -> Kcache {
+    let toml = support::nats::fleet_toml(cluster.dir_path(), nats, "interest_interval_ms = 300")
+        .replacen(
+            "[cache]\n",
+            "[cache]\ncoalesce_min_names = 4\ncoalesce_fraction = 0.3\n\
+             coalesce_split_fraction = 0.05\nwindow_capacity = 2000\n",
+            1,
+        );
+    Kcache::start_with_args(cluster, &toml, &["--replica-id", id]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_coalesces_on_names_watched_across_replicas_and_survives_the_owners_kill() {
+    let cluster = TestCluster::start().await;
+    let nats = support::nats::Nats::start(cluster.dir_path());
+    let mut replicas = Vec::new();
+    for id in ["a", "b", "c"] {
+        replicas.push(fleet_replica(&cluster, &nats, id).await);
+    }
+    let admin = cluster.kube_client().await;
+    support::create_namespace(&admin, NS).await;
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), NS);
+    writes(&api, 20).await;
+
+    // Two names per replica: no replica alone watches enough names to coalesce; the
+    // fleet does.
+    let pairs: Vec<(usize, Pair)> = (0..6)
+        .map(|i| {
+            (
+                i / 2,
+                Pair::start(&replicas[i / 2], &admin, &format!("cm{i}")),
+            )
+        })
+        .collect();
+    let listed = |j: &Judge| j.seen.lock().expect("seen").inits >= 1;
+    eventually("every watcher listed", Duration::from_secs(30), || async {
+        pairs
+            .iter()
+            .all(|(_, p)| listed(&p.kcache) && listed(&p.direct))
+    })
+    .await;
+    let writer = {
+        let api = api.clone();
+        tokio::spawn(async move { writes(&api, 400).await })
+    };
+    let ns_key = format!("/api/v1/namespaces/{NS}/configmaps");
+    let all_coalesced = || async {
+        for r in &replicas {
+            if coalesced(r).await.as_deref() != Some("coalesced") || name_keys(r).await != 0 {
+                return false;
+            }
+        }
+        true
+    };
+    for _ in 0..60 {
+        if all_coalesced().await {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    if !all_coalesced().await {
+        let mut dump = String::new();
+        for r in &replicas {
+            dump += &format!("{:#}\n", r.debug_keys().await);
+        }
+        panic!("not every replica coalesced:\n{dump}\n{}", replicas[0].log_tail());
+    }
+    let mut owners = Vec::new();
+    for (i, r) in replicas.iter().enumerate() {
+        if r.role(&ns_key).await == "owner" {
+            owners.push(i);
+        }
+    }
+    assert_eq!(
+        owners.len(),
+        1,
+        "one owner of the namespace key: {owners:?}"
+    );
+    eventually(
+        "one upstream watch in the fleet",
+        Duration::from_secs(30),
+        || async {
+            let mut total = 0.0;
+            for r in &replicas {
+                total += r.metric("kcache_upstream_watches").await;
+            }
+            total == 1.0
+        },
+    )
+    .await;
+
+    // The owner is killed mid-writes; another replica takes the namespace key over and
+    // the survivors' clients see every event.
+    let owner = owners[0];
+    replicas[owner].kill9();
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != owner).collect();
+    eventually(
+        "a survivor owns the namespace key",
+        Duration::from_secs(30),
+        || async {
+            for i in &survivors {
+                if replicas[*i].role(&ns_key).await == "owner" {
+                    return true;
+                }
+            }
+            false
+        },
+    )
+    .await;
+    writer.await.expect("writes");
+    for (at, p) in &pairs {
+        if *at != owner {
+            p.judge(&api).await;
+        }
+    }
+    for i in &survivors {
+        assert_eq!(
+            coalesced(&replicas[*i]).await.as_deref(),
+            Some("coalesced"),
+            "replica {i} still coalesced"
+        );
+    }
+}

@@ -53,6 +53,24 @@ impl Interest {
         })
     }
 
+    /// The tokens starting with `prefix` that some replica holds a live reference on.
+    pub fn tokens_with_prefix<'a>(
+        &'a self,
+        prefix: &'a str,
+        now_ms: u64,
+        ttl_ms: u64,
+    ) -> impl Iterator<Item = &'a str> + 'a {
+        self.keys
+            .iter()
+            .filter(move |(t, by)| {
+                t.starts_with(prefix)
+                    && by
+                        .values()
+                        .any(|(n, seen)| *n > 0 && now_ms.saturating_sub(*seen) <= ttl_ms)
+            })
+            .map(|(t, _)| t.as_str())
+    }
+
     /// Drops records older than `ttl_ms`.
     pub fn expire(&mut self, now_ms: u64, ttl_ms: u64) {
         self.keys.retain(|_, by| {
@@ -65,6 +83,20 @@ impl Interest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_under_a_prefix_with_live_references() {
+        let mut i = Interest::default();
+        i.record("a", "v1.secrets.ns.name.x", 1, 0);
+        i.record("b", "v1.secrets.ns.name.y", 2, 900);
+        i.record("b", "v1.secrets.other.name.z", 1, 900);
+        let mut live: Vec<&str> = i
+            .tokens_with_prefix("v1.secrets.ns.name.", 1_500, 1_000)
+            .collect();
+        live.sort();
+        // a's record is older than the TTL.
+        assert_eq!(live, ["v1.secrets.ns.name.y"]);
+    }
 
     #[test]
     fn sums_live_records_and_forgets_dead_replicas() {

@@ -98,6 +98,20 @@ pub fn key_token(key: &Key) -> String {
     )
 }
 
+/// What the tokens of every name key in `namespace_key`'s namespace and resource start
+/// with: its token with the scope `name` and without the last (name) token.
+pub fn name_token_prefix(namespace_key: &Key) -> String {
+    let token = key_token(&Key::new(
+        namespace_key.resource.clone(),
+        Scope::Name {
+            namespace: namespace_key.namespace().map(str::to_string),
+            name: "x".to_string(),
+        },
+    ));
+    // The name is the last token and `x` escapes to itself.
+    token[..token.len() - 1].to_string()
+}
+
 /// A key as an outside subscriber reads it back from a subject's last six tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParsedKey {
@@ -355,6 +369,25 @@ mod tests {
         assert_eq!(unescape("=5F").as_deref(), Some("_"));
         assert_eq!(unescape("=3D=2E").as_deref(), Some("=."));
         assert_eq!(unescape("=C3=BC").as_deref(), Some("ü"));
+    }
+
+    #[test]
+    fn name_keys_of_a_namespace_share_the_prefix_and_nothing_else_does() {
+        let ns = Key::new(secrets(), Scope::Namespace("ns1".into()));
+        let prefix = name_token_prefix(&ns);
+        assert_eq!(prefix, "_.v1.secrets.ns1.name.");
+        let name = |ns: &str, n: &str| {
+            key_token(&Key::new(
+                secrets(),
+                Scope::Name {
+                    namespace: Some(ns.into()),
+                    name: n.into(),
+                },
+            ))
+        };
+        assert!(name("ns1", "a.b").starts_with(&prefix));
+        assert!(!name("ns10", "a").starts_with(&prefix));
+        assert!(!key_token(&ns).starts_with(&prefix));
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! Fleet-wide interest on the wire: each replica publishes its refcount per key on
-//! `<prefix>.interest.<replica>` and hears the others'. The Registry owns the table
+//! `<prefix>.interest.<replica>` and hears the others'; and, apart, the names its
+//! coalesced namespace keys serve (`core::coalesce` counts names fleet-wide, and those
+//! must not keep a name key's owner watching it). The Registry owns the table
 //! (`core::interest`) beside its own refcounts; this module only carries messages.
 
 use actix::{Message, Recipient};
@@ -16,6 +18,7 @@ use crate::metrics as m;
 pub struct RemoteInterest {
     pub replica: String,
     pub keys: Vec<(String, u64)>,
+    pub covered: Vec<(String, u64)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -23,6 +26,10 @@ struct InterestMsg {
     replica: String,
     /// `[token, refcount]` pairs; a replica may split its keys over several messages.
     keys: Vec<(String, u64)>,
+    /// `[token, refcount]` of the names a covering key serves on the replica (older
+    /// replicas send none).
+    #[serde(default)]
+    covered: Vec<(String, u64)>,
 }
 
 /// Publishes this replica's refcounts and forwards the others' to the Registry.
@@ -46,12 +53,17 @@ impl Gossip {
         &self.replica
     }
 
-    /// Publishes refcounts, in batches well under any `max_payload`.
-    pub async fn publish(&self, keys: Vec<(String, u64)>) {
-        for batch in keys.chunks(2_000) {
+    /// Publishes refcounts and covered names, in batches well under any `max_payload`.
+    pub async fn publish(&self, keys: Vec<(String, u64)>, covered: Vec<(String, u64)>) {
+        let batches = keys
+            .chunks(2_000)
+            .map(|b| (b.to_vec(), Vec::new()))
+            .chain(covered.chunks(2_000).map(|b| (Vec::new(), b.to_vec())));
+        for (keys, covered) in batches {
             let msg = InterestMsg {
                 replica: self.replica.clone(),
-                keys: batch.to_vec(),
+                keys,
+                covered,
             };
             let Ok(body) = serde_json::to_vec(&msg) else {
                 continue;
@@ -88,6 +100,7 @@ impl Gossip {
                 let remote = RemoteInterest {
                     replica: im.replica,
                     keys: im.keys,
+                    covered: im.covered,
                 };
                 // One message per replica and interval: the Registry's mailbox cannot grow
                 // past that, and a dropped one would expire a replica's interest.

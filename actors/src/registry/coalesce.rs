@@ -15,6 +15,7 @@ use super::{Moved, Registry};
 use crate::cached_object::{HandOver, HandedOver};
 use crate::core::coalesce::{self, Decision, Group};
 use crate::core::key::{Key, Scope};
+use crate::core::subject::key_token;
 use crate::metrics as m;
 
 /// How often the registry looks at its namespaces.
@@ -95,7 +96,16 @@ impl Registry {
         let mut groups: HashSet<Key> = names.keys().cloned().collect();
         groups.extend(self.coalescing.keys().cloned());
         for ns_key in groups {
-            let watched = names.get(&ns_key).map_or(0, HashSet::len);
+            // In a fleet every replica counts the fleet's names, so all reach the same
+            // decision; a replica moves only its own watchers.
+            let watched = match &self.fleet {
+                Some(fleet) => {
+                    let mut all = fleet.names_under(&ns_key);
+                    all.extend(names.get(&ns_key).into_iter().flatten().map(key_token));
+                    all.len()
+                }
+                None => names.get(&ns_key).map_or(0, HashSet::len),
+            };
             // A running, synced namespace key knows its count.
             let running = self
                 .entries

@@ -9,7 +9,7 @@
 
 mod coalesce;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,6 +62,9 @@ struct FleetInterest {
     gossip: Gossip,
     interval: Duration,
     table: Interest,
+    /// Names served by covering keys, per replica: counted by coalescing, never by
+    /// ownership (a covered name must not keep its name key's owner watching it).
+    covered: Interest,
     started: std::time::Instant,
 }
 
@@ -79,6 +82,18 @@ impl FleetInterest {
     fn others(&self, token: &str) -> u64 {
         self.table
             .others(token, self.gossip.replica(), self.now_ms(), self.ttl_ms())
+    }
+
+    /// The names of `ns_key`'s namespace and resource watched anywhere in the fleet, as
+    /// tokens: name keys with references and names covering keys serve.
+    fn names_under(&self, ns_key: &Key) -> HashSet<String> {
+        let (now, ttl) = (self.now_ms(), self.ttl_ms());
+        let prefix = crate::core::subject::name_token_prefix(ns_key);
+        self.table
+            .tokens_with_prefix(&prefix, now, ttl)
+            .chain(self.covered.tokens_with_prefix(&prefix, now, ttl))
+            .map(str::to_string)
+            .collect()
     }
 
     /// The fleet's refcount of a key.
@@ -118,6 +133,7 @@ impl Registry {
             gossip,
             interval,
             table: Interest::default(),
+            covered: Interest::default(),
             started: std::time::Instant::now(),
         });
         self
@@ -134,13 +150,24 @@ impl Registry {
             .values()
             .map(|e| (e.token.clone(), e.refs as u64))
             .collect();
+        let covered: Vec<(String, u64)> = self
+            .entries
+            .values()
+            .flat_map(|e| e.covering.iter())
+            .filter(|(k, n)| **n > 0 && matches!(k.scope, crate::core::key::Scope::Name { .. }))
+            .map(|(k, n)| (key_token(k), *n as u64))
+            .collect();
         let (now, ttl) = (fleet.now_ms(), fleet.ttl_ms());
         for (t, n) in &keys {
             fleet.table.record(fleet.gossip.replica(), t, *n, now);
         }
+        for (t, n) in &covered {
+            fleet.covered.record(fleet.gossip.replica(), t, *n, now);
+        }
         fleet.table.expire(now, ttl);
+        fleet.covered.expire(now, ttl);
         let gossip = fleet.gossip.clone();
-        actix::spawn(async move { gossip.publish(keys).await });
+        actix::spawn(async move { gossip.publish(keys, covered).await });
     }
 
     /// Stops a key whose grace period ran out, unless the fleet still needs it: an owner
@@ -528,6 +555,9 @@ impl Handler<RemoteInterest> for Registry {
             let now = fleet.now_ms();
             for (t, n) in msg.keys {
                 fleet.table.record(&msg.replica, &t, n, now);
+            }
+            for (t, n) in msg.covered {
+                fleet.covered.record(&msg.replica, &t, n, now);
             }
         }
     }
