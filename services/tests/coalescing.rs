@@ -286,7 +286,10 @@ async fn a_fleet_coalesces_on_names_watched_across_replicas_and_survives_the_own
         for r in &replicas {
             dump += &format!("{:#}\n", r.debug_keys().await);
         }
-        panic!("not every replica coalesced:\n{dump}\n{}", replicas[0].log_tail());
+        panic!(
+            "not every replica coalesced:\n{dump}\n{}",
+            replicas[0].log_tail()
+        );
     }
     let mut owners = Vec::new();
     for (i, r) in replicas.iter().enumerate() {
@@ -343,4 +346,125 @@ async fn a_fleet_coalesces_on_names_watched_across_replicas_and_survives_the_own
             "replica {i} still coalesced"
         );
     }
+}
+
+/// A watch's object events until it has been quiet for 3 s: `TYPE ns/name@rv`.
+async fn drain(rx: &mut tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>) -> Vec<String> {
+    let mut out = Vec::new();
+    while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(3), rx.recv()).await {
+        if ev["type"] == "BOOKMARK" {
+            continue;
+        }
+        let m = &ev["object"]["metadata"];
+        out.push(format!(
+            "{} {}/{}@{}",
+            ev["type"].as_str().unwrap_or(""),
+            m["namespace"].as_str().unwrap_or(""),
+            m["name"].as_str().unwrap_or(""),
+            m["resourceVersion"].as_str().unwrap_or("")
+        ));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_pod_watches_coalesce_into_the_cluster_pods_key_without_a_gap() {
+    use k8s_openapi::api::core::v1::Pod;
+    let cluster = TestCluster::start().await;
+    let k = Kcache::start(
+        &cluster,
+        "[cache]\ncoalesce_min_names = 3\ncoalesce_fraction = 0.5\n\
+         grace_period_secs = 2\nwindow_capacity = 2000\n",
+    )
+    .await;
+    let admin = cluster.kube_client().await;
+    let ns = "nodes";
+    support::create_namespace(&admin, ns).await;
+    // No controller-manager: the ServiceAccount admission plugin needs the default one.
+    support::create_as_admin(
+        &cluster,
+        &format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+        serde_json::json!({"metadata": {"name": "default"}}),
+    )
+    .await;
+    for i in 0..12 {
+        support::create_as_admin(
+            &cluster,
+            &format!("/api/v1/namespaces/{ns}/pods"),
+            serde_json::json!({
+                "metadata": {"name": format!("p{i}")},
+                "spec": {
+                    "nodeName": format!("n{}", i % 4),
+                    "automountServiceAccountToken": false,
+                    "containers": [{"name": "c", "image": "busybox"}],
+                }
+            }),
+        )
+        .await;
+    }
+    let http = support::insecure_http();
+    let get = |url: String| {
+        let http = http.clone();
+        async move {
+            let resp = http
+                .get(url)
+                .bearer_auth(ADMIN_TOKEN)
+                .send()
+                .await
+                .expect("request");
+            assert_eq!(resp.status().as_u16(), 200);
+            resp
+        }
+    };
+    let list: serde_json::Value = get(format!("{}/api/v1/pods", cluster.url))
+        .await
+        .json()
+        .await
+        .expect("list");
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("list rv")
+        .to_string();
+    // Each kubelet's pod watch, from the same RV, through kcache and on the API server.
+    let mut watches = Vec::new();
+    for n in 0..4 {
+        let path =
+            format!("/api/v1/pods?watch=1&resourceVersion={rv}&fieldSelector=spec.nodeName%3Dn{n}");
+        watches.push((
+            support::event_channel(get(format!("{}{path}", k.url)).await),
+            support::event_channel(get(format!("{}{path}", cluster.url)).await),
+        ));
+    }
+    let pods: kube::Api<Pod> = kube::Api::namespaced(admin.clone(), ns);
+    let writer = tokio::spawn(async move {
+        for i in 0..200 {
+            let name = format!("p{}", i % 12);
+            let patch = serde_json::json!({"metadata": {"labels": {"i": i.to_string()}}});
+            let _ = pods
+                .patch(&name, &Default::default(), &kube::api::Patch::Merge(&patch))
+                .await;
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+    });
+    eventually(
+        "the cluster pods key serves the nodes, one upstream watch",
+        Duration::from_secs(60),
+        || async {
+            let coalesced = k
+                .key_info("/api/v1/pods")
+                .await
+                .is_some_and(|i| i["coalescing"] == "coalesced");
+            coalesced
+                && k.debug_keys().await["keys"].as_array().map(Vec::len) == Some(1)
+                && k.metric("kcache_upstream_watches").await == 1.0
+        },
+    )
+    .await;
+    writer.await.expect("writes");
+    for (n, (through, direct)) in watches.iter_mut().enumerate() {
+        let (got, want) = (drain(through).await, drain(direct).await);
+        assert!(want.len() >= 40, "n{n}: the node's pods changed: {want:?}");
+        assert_eq!(got, want, "n{n}: kcache (left) vs the API server");
+    }
+    assert!(k.metric("kcache_coalesce_moved_watchers_total").await >= 4.0);
 }

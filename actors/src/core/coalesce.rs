@@ -1,16 +1,19 @@
 //! Adaptive coalescing: when enough names of one namespace are watched, one namespace
 //! key (one upstream watch) serves them all instead of one name key each; when few are
-//! left, they split back.
+//! left, they split back. The same for node keys (a kubelet's pods) onto the cluster pods
+//! key.
 //!
 //! The cost model. A name key costs the API server one watch (a cacheWatcher, its
 //! goroutines and buffers, a few KiB) and kcache one key; a namespace key costs one watch
 //! and kcache a copy of **every** object in the namespace. Coalescing saves `names - 1`
 //! upstream watches at the price of holding `objects - names` objects nobody asked for, so
-//! it pays when the watched names are a large enough share of the namespace:
-//! `names >= min_names` and `names >= fraction × objects`. A namespace with 10,000 Secrets
-//! of which 3 are watched never qualifies. Splitting back uses a lower share
-//! (`split_fraction`) and must hold for `split_after_ms`, so a namespace near the
-//! threshold does not flap.
+//! it pays when the objects the small keys already hold are a large enough share of what
+//! the big key would: `names >= min_names` and `held >= fraction × objects`, where a name
+//! key holds one object and a node key its node's pods. A namespace with 10,000 Secrets
+//! of which 3 are watched never qualifies; 5,000 node keys holding 140,000 of 150,000
+//! pods do. Splitting back uses a lower share (`split_fraction`, or fewer than half of
+//! `min_names` keys) and must hold for `split_after_ms`, so a group near the threshold
+//! does not flap.
 //!
 //! `decide` is pure: the registry gathers each namespace's figures, carries out the
 //! decision (count the namespace's objects upstream, start the namespace key and move
@@ -31,8 +34,11 @@ pub struct Thresholds {
 /// One namespace and resource, as the registry sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Group {
-    /// Names with references: running name keys and names the namespace key serves.
+    /// Names (or nodes) with references: running small keys and those the big key serves.
     pub names: usize,
+    /// Objects the small keys hold, when known (a name key: one; a node key: its pods;
+    /// unknown for the nodes a coalesced cluster key serves).
+    pub held: Option<u64>,
     /// The namespace's object count and when it was taken, if known.
     pub objects: Option<(u64, u64)>,
     /// An upstream count is in flight.
@@ -79,12 +85,16 @@ pub fn decide(g: &Group, t: &Thresholds, now_ms: u64) -> Decision {
             // While the namespace key runs it knows its count; before, it must be asked.
             None if g.counting => Decision::Keep,
             None => Decision::Count,
-            Some(n) if g.names as f64 >= t.fraction * n as f64 => Decision::Coalesce,
+            Some(n) if g.held.unwrap_or(g.names as u64) as f64 >= t.fraction * n as f64 => {
+                Decision::Coalesce
+            }
             Some(_) => Decision::Keep,
         };
     }
     let below = g.names * 2 < t.min_names
-        || objects.is_some_and(|n| (g.names as f64) < t.split_fraction * n as f64);
+        || objects
+            .zip(g.held)
+            .is_some_and(|(n, held)| (held as f64) < t.split_fraction * n as f64);
     match (below, g.below_since_ms) {
         (false, None) => Decision::Keep,
         (false, Some(_)) => Decision::ClearBelow,
@@ -121,6 +131,7 @@ mod tests {
     fn g(names: usize, objects: Option<u64>, coalesced: bool, below: Option<u64>) -> Group {
         Group {
             names,
+            held: Some(names as u64),
             objects: objects.map(|n| (n, 1_000)),
             counting: false,
             coalesced,
@@ -159,6 +170,28 @@ mod tests {
             decide(&g(5, Some(100), true, Some(5_000)), &T, 65_000),
             Split
         );
+    }
+
+    #[test]
+    fn node_keys_weigh_the_pods_they_hold() {
+        let nodes = |n: usize, held: Option<u64>, coalesced: bool| Group {
+            names: n,
+            held,
+            objects: Some((150_000, 1_000)),
+            counting: false,
+            coalesced,
+            below_since_ms: None,
+        };
+        // 5,000 kubelets hold 140,000 of 150,000 pods: one cluster watch instead.
+        assert_eq!(
+            decide(&nodes(5_000, Some(140_000), false), &T, 10_000),
+            Coalesce
+        );
+        // Five nodes' 150 pods of 150,000: not worth holding them all.
+        assert_eq!(decide(&nodes(5, Some(150), false), &T, 10_000), Keep);
+        // Coalesced, what the nodes hold is unknown: only the key count splits.
+        assert_eq!(decide(&nodes(5_000, None, true), &T, 10_000), Keep);
+        assert_eq!(decide(&nodes(1, None, true), &T, 10_000), MarkBelow);
     }
 
     #[test]

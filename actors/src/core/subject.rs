@@ -98,17 +98,19 @@ pub fn key_token(key: &Key) -> String {
     )
 }
 
-/// What the tokens of every name key in `namespace_key`'s namespace and resource start
-/// with: its token with the scope `name` and without the last (name) token.
-pub fn name_token_prefix(namespace_key: &Key) -> String {
-    let token = key_token(&Key::new(
-        namespace_key.resource.clone(),
-        Scope::Name {
-            namespace: namespace_key.namespace().map(str::to_string),
+/// What the tokens of the small keys a big key coalesces start with: every name key of a
+/// namespace key's namespace and resource, every node key of a cluster key's resource;
+/// the small key's token without its last (name or node) token.
+pub fn member_token_prefix(big: &Key) -> String {
+    let scope = match &big.scope {
+        Scope::Cluster => Scope::Node("x".to_string()),
+        _ => Scope::Name {
+            namespace: big.namespace().map(str::to_string),
             name: "x".to_string(),
         },
-    ));
-    // The name is the last token and `x` escapes to itself.
+    };
+    let token = key_token(&Key::new(big.resource.clone(), scope));
+    // The name or node is the last token and `x` escapes to itself.
     token[..token.len() - 1].to_string()
 }
 
@@ -374,8 +376,12 @@ mod tests {
     #[test]
     fn name_keys_of_a_namespace_share_the_prefix_and_nothing_else_does() {
         let ns = Key::new(secrets(), Scope::Namespace("ns1".into()));
-        let prefix = name_token_prefix(&ns);
+        let prefix = member_token_prefix(&ns);
         assert_eq!(prefix, "_.v1.secrets.ns1.name.");
+        assert_eq!(
+            member_token_prefix(&Key::new(secrets(), Scope::Cluster)),
+            "_.v1.secrets._.node."
+        );
         let name = |ns: &str, n: &str| {
             key_token(&Key::new(
                 secrets(),

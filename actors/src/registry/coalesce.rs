@@ -55,35 +55,49 @@ impl Coalescing {
     }
 }
 
-/// The namespace key a name key of a namespace belongs to.
-pub(super) fn namespace_key(key: &Key) -> Option<Key> {
+/// The big key a small key coalesces into: a name of a namespace into the namespace
+/// key, a node's pods into the cluster key.
+pub(super) fn group_key(key: &Key) -> Option<Key> {
     match &key.scope {
         Scope::Name {
             namespace: Some(ns),
             ..
         } => Some(Key::new(key.resource.clone(), Scope::Namespace(ns.clone()))),
+        Scope::Node(_) => Some(Key::new(key.resource.clone(), Scope::Cluster)),
         _ => None,
     }
 }
 
 impl Registry {
-    /// The names watched per namespace key: running name keys with references, and the
-    /// names the namespace key serves for requests of theirs.
+    /// The small keys watched per big key (`group_key`): running ones with references,
+    /// and those the big key serves for requests of theirs.
     fn watched_names(&self) -> HashMap<Key, HashSet<Key>> {
         let mut names: HashMap<Key, HashSet<Key>> = HashMap::new();
         for (key, e) in &self.entries {
-            if let (Some(ns), true) = (namespace_key(key), e.refs > 0) {
-                names.entry(ns).or_default().insert(key.clone());
+            if let (Some(big), true) = (group_key(key), e.refs > 0) {
+                names.entry(big).or_default().insert(key.clone());
             }
-            if matches!(key.scope, Scope::Namespace(_)) {
-                for (asked, n) in &e.covering {
-                    if *n > 0 && matches!(asked.scope, Scope::Name { .. }) {
-                        names.entry(key.clone()).or_default().insert(asked.clone());
-                    }
+            for (asked, n) in &e.covering {
+                if *n > 0 && group_key(asked).as_ref() == Some(key) {
+                    names.entry(key.clone()).or_default().insert(asked.clone());
                 }
             }
         }
         names
+    }
+
+    /// The objects the running small keys of a group hold, when known: a name key holds
+    /// one object; node keys hold their pods, which nobody counts once the cluster key
+    /// serves them.
+    fn held(&self, big: &Key, names: usize, small: Option<&HashSet<Key>>) -> Option<u64> {
+        if !matches!(big.scope, Scope::Cluster) {
+            return Some(names as u64);
+        }
+        let mut held = 0;
+        for k in small.into_iter().flatten() {
+            held += self.entries.get(k)?.status.objects.load(Ordering::Relaxed) as u64;
+        }
+        Some(held)
     }
 
     pub(super) fn check_coalescing(&mut self, ctx: &mut Context<Self>) {
@@ -121,8 +135,11 @@ impl Registry {
                 self.carry_on(&ns_key, names.get(&ns_key), ctx);
                 continue;
             }
+            let held = self.held(&ns_key, watched, names.get(&ns_key));
+            let c = self.coalescing.entry(ns_key.clone()).or_default();
             let group = Group {
                 names: watched,
+                held,
                 objects: c.objects,
                 counting: c.counting,
                 coalesced: !matches!(c.state, State::Apart),

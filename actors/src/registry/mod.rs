@@ -84,11 +84,12 @@ impl FleetInterest {
             .others(token, self.gossip.replica(), self.now_ms(), self.ttl_ms())
     }
 
-    /// The names of `ns_key`'s namespace and resource watched anywhere in the fleet, as
-    /// tokens: name keys with references and names covering keys serve.
+    /// The small keys of the big key `ns_key` (names of its namespace, or nodes)
+    /// watched anywhere in the fleet, as tokens: keys with references and those covering
+    /// keys serve.
     fn names_under(&self, ns_key: &Key) -> HashSet<String> {
         let (now, ttl) = (self.now_ms(), self.ttl_ms());
-        let prefix = crate::core::subject::name_token_prefix(ns_key);
+        let prefix = crate::core::subject::member_token_prefix(ns_key);
         self.table
             .tokens_with_prefix(&prefix, now, ttl)
             .chain(self.covered.tokens_with_prefix(&prefix, now, ttl))
@@ -154,7 +155,7 @@ impl Registry {
             .entries
             .values()
             .flat_map(|e| e.covering.iter())
-            .filter(|(k, n)| **n > 0 && matches!(k.scope, crate::core::key::Scope::Name { .. }))
+            .filter(|(k, n)| **n > 0 && coalesce::group_key(k).is_some())
             .map(|(k, n)| (key_token(k), *n as u64))
             .collect();
         let (now, ttl) = (fleet.now_ms(), fleet.ttl_ms());
@@ -250,7 +251,7 @@ impl Registry {
     ) -> Result<Held, Error> {
         // A coalesced namespace serves its names even while their old keys run out their
         // grace period.
-        let coalesced = coalesce::namespace_key(&asked).filter(|ns| {
+        let coalesced = coalesce::group_key(&asked).filter(|ns| {
             self.coalescing.get(ns).is_some_and(|c| c.coalesced())
                 && self.state(ns) == KeyState::Synced
         });
