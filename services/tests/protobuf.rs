@@ -233,13 +233,21 @@ async fn protobuf_gets_lists_and_watches_match_the_api_server() {
         assert_eq!((code, ct.as_str()), (200, PB), "{path}");
         let (a, b) = (unwrap_envelope(&up), unwrap_envelope(&ours));
         assert_eq!(a.type_meta, b.type_meta, "{path}");
-        // Items only: each server lists at its own resourceVersion.
+        // Items only: each server lists at its own resourceVersion. By name: the API
+        // server's `resourceVersion=0` list comes from its watch cache's map, in Go's map
+        // order (random from one list to the next), so order is no part of the answer.
+        let name = |m: &Option<k8s_pb::apimachinery::pkg::apis::meta::v1::ObjectMeta>| {
+            m.as_ref().and_then(|m| m.name.clone()).unwrap_or_default()
+        };
         let items = |u: &Unknown| -> String {
             if path.contains("pods") {
-                let l = core::PodList::decode(u.raw.as_deref().unwrap_or_default()).unwrap();
+                let mut l = core::PodList::decode(u.raw.as_deref().unwrap_or_default()).unwrap();
+                l.items.sort_by_key(|o| name(&o.metadata));
                 normalized(&l.items)
             } else {
-                let l = core::ConfigMapList::decode(u.raw.as_deref().unwrap_or_default()).unwrap();
+                let mut l =
+                    core::ConfigMapList::decode(u.raw.as_deref().unwrap_or_default()).unwrap();
+                l.items.sort_by_key(|o| name(&o.metadata));
                 normalized(&l.items)
             }
         };
