@@ -24,6 +24,7 @@ pub const COVERED_REQUESTS: &str = "kcache_covered_requests_total";
 pub const COALESCINGS: &str = "kcache_coalescings_total";
 pub const COALESCE_SPLITS: &str = "kcache_coalesce_splits_total";
 pub const COALESCE_MOVED_WATCHERS: &str = "kcache_coalesce_moved_watchers_total";
+pub const COALESCE_SAVED_WATCHES: &str = "kcache_coalesce_upstream_watches_saved";
 pub const CACHE_BYPASSED: &str = "kcache_cache_bypassed_total";
 pub const PROTOBUF_UNENCODABLE: &str = "kcache_protobuf_unencodable_total";
 
@@ -115,6 +116,10 @@ pub fn describe() {
     describe_counter!(
         COALESCE_SPLITS,
         "Coalesced namespaces split back into name keys."
+    );
+    describe_gauge!(
+        COALESCE_SAVED_WATCHES,
+        "Upstream watches coalesced namespace and cluster keys save: the names (or nodes) they serve, fleet-wide, less their own one."
     );
     describe_counter!(
         COALESCE_MOVED_WATCHERS,

@@ -188,6 +188,10 @@ async fn watched_names_coalesce_into_their_namespace_and_split_back_without_a_ga
     }
     let moved_on = k.metric("kcache_coalesce_moved_watchers_total").await;
     assert!(moved_on >= 6.0, "every watcher moved: {moved_on}");
+    assert_eq!(
+        k.metric("kcache_coalesce_upstream_watches_saved").await,
+        5.0
+    );
 
     // Four names are left alone: two watched of ten is below the split share.
     let mut pairs = pairs;

@@ -109,6 +109,7 @@ impl Registry {
         let names = self.watched_names();
         let mut groups: HashSet<Key> = names.keys().cloned().collect();
         groups.extend(self.coalescing.keys().cloned());
+        let mut saved = 0;
         for ns_key in groups {
             // In a fleet every replica counts the fleet's names, so all reach the same
             // decision; a replica moves only its own watchers.
@@ -135,6 +136,10 @@ impl Registry {
                 self.carry_on(&ns_key, names.get(&ns_key), ctx);
                 continue;
             }
+            if c.coalesced() {
+                // One upstream watch where each of the names or nodes would have had one.
+                saved += watched.saturating_sub(1);
+            }
             let held = self.held(&ns_key, watched, names.get(&ns_key));
             let c = self.coalescing.entry(ns_key.clone()).or_default();
             let group = Group {
@@ -158,6 +163,7 @@ impl Registry {
             }
             self.carry_on(&ns_key, names.get(&ns_key), ctx);
         }
+        metrics::gauge!(m::COALESCE_SAVED_WATCHES).set(saved as f64);
         // Forget namespaces with nothing left to remember.
         self.coalescing.retain(|_, c| {
             !matches!(c.state, State::Apart)
