@@ -568,6 +568,13 @@ impl Watcher {
         if self.closing {
             return;
         }
+        if !m.link.connected() {
+            // The key it was to join stopped meanwhile: end the watch (the client resumes
+            // from its last RV) rather than wait for a start that never comes.
+            self.closing = true;
+            ctx.stop();
+            return;
+        }
         let asked = self
             .spec
             .asked
