@@ -23,6 +23,9 @@ pub enum ScenarioKind {
     Kubeproxy,
     /// Kubelet-pattern watches while the API server is killed (-9) and restarted.
     Restart,
+    /// Kubelet-pattern single-object watches over many namespaces, for kcache's adaptive
+    /// coalescing (one target per run: `loadtest/coalesce.sh` runs the three).
+    Coalesce,
 }
 
 impl ScenarioKind {
@@ -33,7 +36,7 @@ impl ScenarioKind {
     pub fn open_timeout_secs(self) -> u64 {
         match self {
             ScenarioKind::Scale | ScenarioKind::Kubeproxy | ScenarioKind::Restart => 300,
-            ScenarioKind::Objects => 600,
+            ScenarioKind::Objects | ScenarioKind::Coalesce => 600,
             _ => 120,
         }
     }
@@ -47,6 +50,7 @@ impl ScenarioKind {
             ScenarioKind::Objects => "objects",
             ScenarioKind::Kubeproxy => "kubeproxy",
             ScenarioKind::Restart => "restart",
+            ScenarioKind::Coalesce => "coalesce",
         }
     }
 }
@@ -101,7 +105,7 @@ pub struct Args {
     pub source_addrs: u8,
 
     /// Writes (or churn operations) per second, always sent to the API server.
-    /// Default: 100 (informer: 60, kubeproxy: 20).
+    /// Default: 100 (informer: 60, kubeproxy, coalesce: 20).
     #[arg(long)]
     pub rate: Option<u64>,
     /// Seconds of writes per measured phase. Default: 20 (slow: 15 per phase).
@@ -122,14 +126,16 @@ pub struct Args {
     #[arg(long, default_value_t = 30)]
     pub drain_secs: u64,
 
-    /// kubelet, restart: simulated nodes (restart: each node's watches share one HTTP/2
-    /// connection).
+    /// kubelet, restart, coalesce: simulated nodes (restart, coalesce: each node's watches
+    /// share one HTTP/2 connection).
     #[arg(long, default_value_t = 100)]
     pub nodes: usize,
     /// kubelet: single-object watches per node (half Secrets, half ConfigMaps); each node
     /// also holds one `spec.nodeName` pod watch. 100 nodes × (99 + 1) = 10,000 watches.
-    #[arg(long, default_value_t = 99)]
-    pub watches_per_node: usize,
+    /// coalesce: Secret and ConfigMap watches per node, besides one `kube-root-ca.crt`
+    /// watch per namespace of the node. Default: kubelet 99, coalesce 30.
+    #[arg(long)]
+    pub watches_per_node: Option<usize>,
     /// kubelet, restart: Secrets the nodes' watches are spread over.
     #[arg(long, default_value_t = 500)]
     pub secrets: usize,
@@ -148,12 +154,35 @@ pub struct Args {
     #[arg(long, default_value_t = 2000)]
     pub cached_objects: usize,
 
+    /// coalesce: Secrets in each namespace.
+    #[arg(long, default_value_t = 20)]
+    pub secrets_per_namespace: usize,
+    /// coalesce: ConfigMaps in each namespace, besides its `kube-root-ca.crt`.
+    #[arg(long, default_value_t = 20)]
+    pub configmaps_per_namespace: usize,
+    /// coalesce: share of each namespace's Secrets and of its ConfigMaps that some pod
+    /// uses (the names the nodes' watches pick from); the rest are never watched.
+    #[arg(long, default_value_t = 0.8)]
+    pub used_fraction: f64,
+    /// coalesce: namespaces each node has pods in (its watches are spread over them).
+    #[arg(long, default_value_t = 3)]
+    pub namespaces_per_node: usize,
+    /// coalesce: seconds to wait after the last watch is established before reading RSS
+    /// and watch counts, for every target alike: kcache's name keys that handed their
+    /// watchers over stop after its `grace_period_secs` (30).
+    #[arg(long, default_value_t = 45)]
+    pub settle_secs: u64,
+    /// coalesce: the `cache.coalesce_min_names` the kcache under test was started with
+    /// (run.sh writes it into kcache's configuration; recorded in the results; 0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub kcache_coalesce_min_names: usize,
+
     /// informer: list+watch clients.
     #[arg(long, default_value_t = 50)]
     pub clients: usize,
     /// informer: namespaces the clients (round robin) and the churn are spread over;
-    /// kubeproxy: namespaces the Services are spread over. Default: informer 5,
-    /// kubeproxy 10.
+    /// kubeproxy: namespaces the Services are spread over; coalesce: namespaces of
+    /// Secrets and ConfigMaps. Default: informer 5, kubeproxy 10, coalesce 100.
     #[arg(long)]
     pub namespaces: Option<usize>,
     /// informer: ConfigMaps (1 KiB) in each namespace before the clients list.

@@ -66,6 +66,34 @@ impl ConnPool {
         }
     }
 
+    /// One connection per node, as a kubelet holds: `nodes` clients, node `n`'s watches
+    /// being numbers `n × per_node ..` (`per_node` each). HTTP/2 with the protocol known
+    /// up front (ALPN `h2` only), so a node's concurrent requests wait for one connection
+    /// instead of racing a handshake each, as Go's HTTP/2 transport shares one dial per
+    /// host. With `--http1` (`model.http1`), as [`ConnPool::new`].
+    pub fn per_node(model: &ConnModel, nodes: usize, per_node: usize) -> ConnPool {
+        if model.http1 {
+            return ConnPool::new(model, nodes * per_node);
+        }
+        let clients = (0..nodes.max(1))
+            .map(|_| {
+                reqwest::Client::builder()
+                    .danger_accept_invalid_certs(true)
+                    .pool_max_idle_per_host(1)
+                    .tcp_nodelay(true)
+                    .connect_timeout(Duration::from_secs(30))
+                    .http2_prior_knowledge()
+                    .build()
+                    // Only fails if the TLS backend cannot initialise.
+                    .expect("building the HTTP client")
+            })
+            .collect();
+        ConnPool {
+            clients,
+            per_connection: per_node.max(1),
+        }
+    }
+
     /// The client for watch number `i`.
     pub fn get(&self, i: usize) -> reqwest::Client {
         let idx = if self.per_connection == usize::MAX {

@@ -2,6 +2,7 @@
 //! `/proc`, and samples from a Prometheus `/metrics` endpoint (the API server's
 //! `apiserver_registered_watchers`, kcache's `kcache_terminated_watchers_total`, …).
 
+use std::collections::BTreeMap;
 use std::ops::Sub;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -141,6 +142,37 @@ pub fn sum_samples(text: &str, name: &str) -> Option<f64> {
     found.then_some(sum)
 }
 
+/// The samples of metric `name` summed by the value of one of its labels (`label`),
+/// e.g. `apiserver_registered_watchers` by `kind`; samples without the label count under
+/// the empty string.
+pub fn sum_by_label(text: &str, name: &str, label: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    let want = format!("{label}=\"");
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !rest.starts_with(['{', ' ']) {
+            continue;
+        }
+        let Some(v) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
+            continue;
+        };
+        let labels = rest
+            .strip_prefix('{')
+            .and_then(|r| r.split_once('}'))
+            .map_or("", |(l, _)| l);
+        // A label is at the start or after a comma (so `kind` does not match `subkind`).
+        let value = labels
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(want.as_str()))
+            .and_then(|v| v.split('"').next())
+            .unwrap_or("");
+        *out.entry(value.to_string()).or_insert(0.0) += v;
+    }
+    out
+}
+
 /// Fetches `{base}/metrics` with the bearer token; `None` on any failure.
 pub async fn scrape(http: &reqwest::Client, base: &str, token: &str) -> Option<String> {
     let resp = http
@@ -178,6 +210,10 @@ mod tests {
         );
         assert_eq!(sum_samples(text, "kcache_terminated_watchers_total"), None);
         assert_eq!(sum_samples("k 3\n", "k"), Some(3.0));
+        let by_kind = sum_by_label(text, "apiserver_registered_watchers", "kind");
+        assert_eq!(by_kind.get("Secret"), Some(&100.0));
+        assert_eq!(by_kind.get("Pod"), Some(&2.0));
+        assert_eq!(by_kind.len(), 2);
     }
 
     #[test]

@@ -45,7 +45,7 @@ impl Params {
         let a = &ctx.args;
         Params {
             nodes: a.nodes.max(1),
-            per_node: a.watches_per_node,
+            per_node: a.watches_per_node.unwrap_or(99),
             secrets: a.secrets,
             configmaps: a.configmaps,
             pods_per_node: a.pods_per_node,

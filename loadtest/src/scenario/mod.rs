@@ -9,6 +9,7 @@
 //! lists) and does without a [`Session`]; neither does `restart`, whose clients reconnect
 //! and relist as client-go's reflector does and whose API server changes pid mid-run.
 
+pub mod coalesce;
 pub mod informer;
 pub mod kubelet;
 pub mod kubeproxy;
@@ -165,6 +166,9 @@ pub struct Session<'a> {
     /// [`Session::keys_warm`].
     warm: Option<(u64, usize)>,
     cpu_open: Cpu,
+    /// Time spent waiting for watches to be established, over every open step (without
+    /// the settling pauses before the RSS samples).
+    open_wait: Duration,
     write_start: Option<Cpu>,
     server_watches: ServerWatches,
     _tracking: Tracking,
@@ -209,6 +213,7 @@ impl<'a> Session<'a> {
             target: target.clone(),
             rec,
             cpu_open: Cpu::default(),
+            open_wait: Duration::ZERO,
             rss_after: before.rss,
             apiserver_rss_after: before.apiserver_rss,
             warm: None,
@@ -300,10 +305,12 @@ impl<'a> Session<'a> {
             } else {
                 deadline
             };
+            let waited = Instant::now();
             let all = Self::wait_until(until, || {
                 Counters::get(&c.ready) + Counters::get(&c.failed) >= goal
             })
             .await;
+            self.open_wait += waited.elapsed();
             tokio::time::sleep(Duration::from_millis(ctx.args.settle_ms)).await;
             self.steps.push(RssStep {
                 watches: Counters::get(&c.ready),
@@ -320,6 +327,12 @@ impl<'a> Session<'a> {
                 // The remaining steps wait at most 30 s each.
             }
         }
+    }
+
+    /// Seconds spent waiting for the watches to be established so far: from each step's
+    /// requests to the last of them established (or failed), summed over the steps.
+    pub fn open_seconds(&self) -> f64 {
+        self.open_wait.as_secs_f64()
     }
 
     /// Records RSS, CPU and the servers' watch counters with every watch open; call once
@@ -582,5 +595,6 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         crate::cli::ScenarioKind::Objects => objects::run(ctx).await,
         crate::cli::ScenarioKind::Kubeproxy => kubeproxy::run(ctx).await,
         crate::cli::ScenarioKind::Restart => restart::run(ctx).await,
+        crate::cli::ScenarioKind::Coalesce => coalesce::run(ctx).await,
     }
 }

@@ -1,0 +1,802 @@
+//! Scenario `coalesce`: the kubelet's watch pattern at scale, for kcache's adaptive
+//! coalescing (issue 16). One target per run: `loadtest/coalesce.sh` runs it three times,
+//! each on fresh processes — the API server directly, kcache with coalescing off, kcache
+//! with `cache.coalesce_min_names = 4` — and `kcache-coalesce-report` puts the three side
+//! by side and judges the issue's targets.
+//!
+//! The cluster: `--namespaces` (100) namespaces, each with `--secrets-per-namespace` (20)
+//! Secrets, `--configmaps-per-namespace` (20) ConfigMaps and its `kube-root-ca.crt`
+//! ConfigMap (written by the harness: the test cluster has no controller manager to
+//! publish it). `--used-fraction` (0.8) of each namespace's Secrets and of its ConfigMaps
+//! are "used by some pod": the names the nodes pick from; the rest are never watched.
+//!
+//! The nodes: `--nodes` simulated kubelets, each with pods in `--namespaces-per-node` (3)
+//! namespaces (node `n` in namespaces `n·m .. n·m + m - 1`, modulo the namespace count,
+//! so they are evenly loaded). In each it holds single-object watches
+//! (`fieldSelector=metadata.name=X`, as the kubelet's watch-based Secret and ConfigMap
+//! managers do), `--watches-per-node` (30) in all, half Secrets half ConfigMaps, over
+//! consecutive used names from a pseudo-random start, plus one `kube-root-ca.crt` watch
+//! per namespace (the projected service-account volume of its pods): 33 watches per node.
+//! Each node's watches share one HTTP/2 connection, as a kubelet's do. No pod watch: a
+//! node's `spec.nodeName` pod watch is a key of its own through kcache, which coalescing
+//! (per namespace) does not touch, and it would hide the per-namespace count.
+//!
+//! Per target: open the watches node by node in `--steps` steps (RSS after each), wait
+//! `--settle-secs` (45: kcache's name keys that handed their watchers to a namespace key
+//! stop after its 30 s grace period), then read the API server's RSS, Go heap and
+//! `apiserver_registered_watchers` by kind, kcache's RSS, its coalescing metrics and
+//! `/debug/keys` (upstream watches per namespace), and write `--rate` (20) writes/s for
+//! `--seconds` (20) to pseudo-randomly chosen objects of the namespaces (the same ones for
+//! every target, unwatched ones included): each must reach every watch of its object, no
+//! more, no fewer. While the watches open and settle, a sampler reads the API server's
+//! registered watchers and both RSS every `SAMPLE_EVERY`, for the peaks (kcache's name keys
+//! run until coalescing has moved their watchers, so the API server's peak can be well
+//! above where it settles).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use super::{payload, splitmix64, Ctx, Op, ScenarioRun, Series, Session, Target, WriteOp};
+use crate::client::ConnPool;
+use crate::probe::{self, PeakRss};
+use crate::watch::Ready;
+
+const NS_PREFIX: &str = "bench-co-";
+const ROOT_CA: &str = "kube-root-ca.crt";
+/// Quiet time after the setup's creates, before the baseline is read (the API server's RSS
+/// still moves for a while after a burst of writes).
+const QUIET: Duration = Duration::from_secs(10);
+/// How often the sampler reads the API server's watch count (its /metrics is large;
+/// scraping it costs the API server, which has one core).
+const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Debug)]
+pub struct Params {
+    pub nodes: usize,
+    /// Secret and ConfigMap watches per node (besides the `kube-root-ca.crt` ones).
+    pub per_node: usize,
+    pub namespaces: usize,
+    pub secrets: usize,
+    pub configmaps: usize,
+    pub used_fraction: f64,
+    pub ns_per_node: usize,
+    pub rate: u64,
+    pub seconds: u64,
+    pub settle_secs: u64,
+    pub min_names: usize,
+}
+
+impl Params {
+    pub fn from_ctx(ctx: &Ctx) -> Params {
+        let a = &ctx.args;
+        let namespaces = a.namespaces.unwrap_or(100).max(1);
+        Params {
+            nodes: a.nodes.max(1),
+            per_node: a.watches_per_node.unwrap_or(30),
+            namespaces,
+            secrets: a.secrets_per_namespace,
+            configmaps: a.configmaps_per_namespace,
+            used_fraction: a.used_fraction.clamp(0.0, 1.0),
+            ns_per_node: a.namespaces_per_node.clamp(1, namespaces),
+            rate: a.rate.unwrap_or(20).max(1),
+            seconds: a.seconds.unwrap_or(20),
+            settle_secs: a.settle_secs,
+            min_names: a.kcache_coalesce_min_names,
+        }
+    }
+
+    /// How many of `n` objects are used by pods (at least one, if there are any).
+    fn used(&self, n: usize) -> usize {
+        ((n as f64 * self.used_fraction).round() as usize).clamp(n.min(1), n)
+    }
+
+    /// (Secret, ConfigMap) watches of a node in its namespace number `k`: the node's
+    /// share spread over its namespaces, half and half (the odd one a Secret), each at
+    /// most the used names there are (a kubelet watches a name once).
+    fn slot(&self, k: usize) -> (usize, usize) {
+        let m = self.ns_per_node;
+        let q = self.per_node * (k + 1) / m - self.per_node * k / m;
+        let (us, uc) = (self.used(self.secrets), self.used(self.configmaps));
+        let (mut s, mut c) = (q.div_ceil(2), q / 2);
+        // Where one kind has too few used names, the other takes the rest.
+        if s > us {
+            c += s - us;
+            s = us;
+        }
+        if c > uc {
+            s = (s + c - uc).min(us);
+            c = uc;
+        }
+        (s, c)
+    }
+
+    /// Watches per node: the same for every node (one connection each carries them).
+    fn watches_per_node(&self) -> usize {
+        (0..self.ns_per_node)
+            .map(|k| {
+                let (s, c) = self.slot(k);
+                s + c + 1
+            })
+            .sum()
+    }
+
+    /// The namespace (index) of node `n`'s slot `k`.
+    fn namespace_of(&self, n: usize, k: usize) -> usize {
+        (n * self.ns_per_node + k) % self.namespaces
+    }
+}
+
+pub fn ns_name(i: usize) -> String {
+    format!("{NS_PREFIX}{i}")
+}
+
+fn object_path(ns: &str, kind: &str, name: &str) -> String {
+    format!("/api/v1/namespaces/{ns}/{kind}/{name}")
+}
+
+fn watch_path(ns: &str, kind: &str, name: &str) -> String {
+    format!("/api/v1/namespaces/{ns}/{kind}?watch=1&resourceVersion=0&fieldSelector=metadata.name%3D{name}")
+}
+
+/// The watches (path?query, readiness) in node order, node `n`'s being numbers
+/// `n × watches_per_node ..`, and per watch the object path it receives.
+fn plan(p: &Params) -> (Vec<(String, Ready)>, Vec<String>) {
+    let (us, uc) = (p.used(p.secrets), p.used(p.configmaps));
+    let mut watches = Vec::new();
+    let mut receives = Vec::new();
+    for n in 0..p.nodes {
+        for k in 0..p.ns_per_node {
+            let ns = ns_name(p.namespace_of(n, k));
+            let (s, c) = p.slot(k);
+            let start = splitmix64((n * p.ns_per_node + k) as u64);
+            for (kind, prefix, count, used, offset) in [
+                ("secrets", "s", s, us, start as usize),
+                ("configmaps", "c", c, uc, (start >> 32) as usize),
+            ] {
+                for j in 0..count {
+                    let name = format!("{prefix}{}", (offset % used.max(1) + j) % used.max(1));
+                    watches.push((watch_path(&ns, kind, &name), Ready::FirstEvent));
+                    receives.push(object_path(&ns, kind, &name));
+                }
+            }
+            watches.push((watch_path(&ns, "configmaps", ROOT_CA), Ready::FirstEvent));
+            receives.push(object_path(&ns, "configmaps", ROOT_CA));
+        }
+    }
+    (watches, receives)
+}
+
+/// Every object of the namespaces, watched or not.
+fn all_objects(p: &Params) -> Vec<String> {
+    let mut v = Vec::new();
+    for i in 0..p.namespaces {
+        let ns = ns_name(i);
+        v.extend((0..p.secrets).map(|j| object_path(&ns, "secrets", &format!("s{j}"))));
+        v.extend((0..p.configmaps).map(|j| object_path(&ns, "configmaps", &format!("c{j}"))));
+        v.push(object_path(&ns, "configmaps", ROOT_CA));
+    }
+    v
+}
+
+/// `total` annotation writes to objects drawn pseudo-randomly (the same for every
+/// target), each with the number of watches of its object as fan-out.
+fn writes(objects: &[String], watchers: &HashMap<String, usize>, total: usize) -> Vec<WriteOp> {
+    if objects.is_empty() {
+        return Vec::new();
+    }
+    (0..total)
+        .map(|i| {
+            let path = objects[splitmix64(0xc0a1 + i as u64) as usize % objects.len()].clone();
+            let fanout = watchers.get(&path).copied().unwrap_or(0);
+            WriteOp {
+                op: Op::Annotate { path },
+                fanout,
+            }
+        })
+        .collect()
+}
+
+async fn setup(ctx: &Ctx, p: &Params) {
+    let objects = p.namespaces * (p.secrets + p.configmaps + 1);
+    ctx.progress.stage(&format!(
+        "creating {} namespaces and {objects} Secrets/ConfigMaps",
+        p.namespaces
+    ));
+    let api = &ctx.api;
+    for i in 0..p.namespaces {
+        if let Err(e) = api.ensure_namespace(&ns_name(i)).await {
+            ctx.progress.log(&format!("namespace {}: {e}", ns_name(i)));
+        }
+    }
+    // Sizes of the real thing, roughly: a token-sized Secret, a small config file, and the
+    // cluster's CA certificate.
+    let secret = payload(240);
+    let config = payload(400);
+    let ca = format!(
+        "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+        payload(1000)
+    );
+    let mut items: Vec<(String, Value)> = Vec::with_capacity(objects);
+    for i in 0..p.namespaces {
+        let ns = ns_name(i);
+        let secrets = format!("/api/v1/namespaces/{ns}/secrets");
+        let configmaps = format!("/api/v1/namespaces/{ns}/configmaps");
+        for j in 0..p.secrets {
+            items.push((
+                secrets.clone(),
+                json!({"metadata": {"name": format!("s{j}")}, "stringData": {"token": secret}}),
+            ));
+        }
+        for j in 0..p.configmaps {
+            items.push((
+                configmaps.clone(),
+                json!({"metadata": {"name": format!("c{j}")}, "data": {"config": config}}),
+            ));
+        }
+        items.push((
+            configmaps.clone(),
+            json!({"metadata": {"name": ROOT_CA}, "data": {"ca.crt": ca}}),
+        ));
+    }
+    let n = api.create_all(items).await;
+    ctx.progress.log(&format!(
+        "setup: {} objects created, {} existed, {} failed",
+        n.created, n.existed, n.failed
+    ));
+}
+
+/// What the servers say at one moment.
+#[derive(Clone, Debug, Default, Serialize)]
+struct Snapshot {
+    apiserver_rss_kib: u64,
+    target_rss_kib: u64,
+    /// `apiserver_registered_watchers` by kind.
+    apiserver_registered_watchers: BTreeMap<String, f64>,
+    /// The API server's `go_memstats_heap_inuse_bytes`: live heap, which RSS lags behind
+    /// (the Go runtime returns freed memory to the system slowly).
+    apiserver_heap_inuse_bytes: Option<f64>,
+    /// kcache's metrics (kcache targets).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    kcache: BTreeMap<&'static str, f64>,
+}
+
+/// The API server's Go heap after a forced garbage collection
+/// (`/debug/pprof/heap?gc=1&debug=1`, whose trailer has the runtime's MemStats): live
+/// memory, which RSS only follows slowly (freed pages go back to the system in the
+/// background, and a Go process's RSS runs up to about twice its live heap).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+struct Heap {
+    /// `HeapAlloc` right after the collection: the live heap.
+    live_bytes: u64,
+    heap_inuse_bytes: u64,
+    heap_released_bytes: u64,
+    sys_bytes: u64,
+}
+
+async fn apiserver_heap(ctx: &Ctx) -> Option<Heap> {
+    let resp = ctx
+        .api
+        .http
+        .get(format!(
+            "{}/debug/pprof/heap?gc=1&debug=1",
+            ctx.args.apiserver
+        ))
+        .bearer_auth(&ctx.args.token)
+        .send()
+        .await
+        .ok()?;
+    if !resp.status().is_success() {
+        ctx.progress.log(&format!(
+            "API server /debug/pprof/heap: HTTP {}",
+            resp.status().as_u16()
+        ));
+        return None;
+    }
+    let text = resp.text().await.ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("# {name} = ")))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    Some(Heap {
+        live_bytes: field("HeapAlloc")?,
+        heap_inuse_bytes: field("HeapInuse")?,
+        heap_released_bytes: field("HeapReleased").unwrap_or(0),
+        sys_bytes: field("Sys").unwrap_or(0),
+    })
+}
+
+/// kcache's metrics the report reads (summed over their label sets).
+const KCACHE_METRICS: &[&str] = &[
+    "kcache_registered_watchers",
+    "kcache_upstream_watches",
+    "kcache_upstream_connections",
+    "kcache_cached_keys",
+    "kcache_synced_keys",
+    "kcache_cached_objects",
+    "kcache_upstream_lists_total",
+    "kcache_upstream_errors_total",
+    "kcache_coalescings_total",
+    "kcache_coalesce_splits_total",
+    "kcache_coalesce_moved_watchers_total",
+    "kcache_covered_requests_total",
+    "kcache_keys_refused_total",
+    "kcache_terminated_watchers_total",
+];
+
+async fn snapshot(ctx: &Ctx, t: &Target) -> Snapshot {
+    let http = &ctx.api.http;
+    let token = &ctx.args.token;
+    let api = probe::scrape(http, &ctx.args.apiserver, token).await;
+    let mut s = Snapshot {
+        apiserver_rss_kib: probe::rss_kib(ctx.args.apiserver_pid),
+        target_rss_kib: probe::rss_kib(t.pid),
+        ..Default::default()
+    };
+    if let Some(text) = &api {
+        s.apiserver_registered_watchers =
+            probe::sum_by_label(text, "apiserver_registered_watchers", "kind");
+        s.apiserver_heap_inuse_bytes = probe::sum_samples(text, "go_memstats_heap_inuse_bytes");
+    }
+    if !t.is_apiserver() {
+        if let Some(text) = probe::scrape(http, &t.url, token).await {
+            for name in KCACHE_METRICS {
+                s.kcache
+                    .insert(name, probe::sum_samples(&text, name).unwrap_or(0.0));
+            }
+        }
+    }
+    s
+}
+
+fn registered_total(s: &Snapshot) -> f64 {
+    s.apiserver_registered_watchers.values().sum()
+}
+
+/// One sample of the sampler.
+#[derive(Clone, Debug, Serialize)]
+struct Sample {
+    seconds: f64,
+    apiserver_registered_watchers: f64,
+    apiserver_rss_kib: u64,
+    target_rss_kib: u64,
+    kcache_upstream_watches: Option<f64>,
+}
+
+/// Reads the watch counts and RSS every [`SAMPLE_EVERY`] until stopped.
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<Sample>>,
+}
+
+impl Sampler {
+    fn start(ctx: &Ctx, t: &Target) -> Sampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let (http, token) = (ctx.api.http.clone(), ctx.args.token.clone());
+        let (api_url, api_pid) = (ctx.args.apiserver.clone(), ctx.args.apiserver_pid);
+        let (t_url, t_pid, kcache) = (t.url.clone(), t.pid, !t.is_apiserver());
+        let task = tokio::spawn(async move {
+            let start = Instant::now();
+            let mut out = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                let registered =
+                    probe::metric(&http, &api_url, &token, "apiserver_registered_watchers")
+                        .await
+                        .unwrap_or(f64::NAN);
+                let upstream = if kcache {
+                    probe::metric(&http, &t_url, &token, "kcache_upstream_watches").await
+                } else {
+                    None
+                };
+                out.push(Sample {
+                    seconds: start.elapsed().as_secs_f64(),
+                    apiserver_registered_watchers: registered,
+                    apiserver_rss_kib: probe::rss_kib(api_pid),
+                    target_rss_kib: probe::rss_kib(t_pid),
+                    kcache_upstream_watches: upstream,
+                });
+                let next = Instant::now() + SAMPLE_EVERY;
+                while Instant::now() < next && !flag.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            out
+        });
+        Sampler { stop, task }
+    }
+
+    async fn stop(self) -> Vec<Sample> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap_or_default()
+    }
+}
+
+/// kcache's keys of the bench namespaces from `/debug/keys`: per namespace and resource
+/// the keys running (each holds one upstream watch: nothing here is immutable) and
+/// whether the namespace key is coalesced.
+async fn keys_per_namespace(ctx: &Ctx, t: &Target) -> Option<Value> {
+    let keys = crate::client::Api::new(&t.url, &ctx.args.token)
+        .get_json("/debug/keys")
+        .await;
+    let keys = match keys {
+        Ok(v) => v,
+        Err(e) => {
+            ctx.progress.log(&format!("/debug/keys: {e}"));
+            return None;
+        }
+    };
+    #[derive(Default)]
+    struct Ns {
+        name_keys: BTreeMap<String, usize>,
+        namespace_keys: BTreeMap<String, usize>,
+        coalesced: BTreeMap<String, bool>,
+    }
+    let mut per_ns: BTreeMap<String, Ns> = BTreeMap::new();
+    let mut other = 0usize;
+    for k in keys["keys"].as_array().into_iter().flatten() {
+        let Some(key) = k["key"].as_str() else {
+            continue;
+        };
+        // /api/v1/namespaces/<ns>/<resource>[/<name>]
+        let parts: Vec<&str> = key.trim_start_matches('/').split('/').collect();
+        match parts.as_slice() {
+            ["api", "v1", "namespaces", ns, resource, rest @ ..]
+                if ns.starts_with(NS_PREFIX) && rest.len() <= 1 =>
+            {
+                let e = per_ns.entry(ns.to_string()).or_default();
+                if rest.is_empty() {
+                    *e.namespace_keys.entry(resource.to_string()).or_default() += 1;
+                    if k["coalescing"].as_str() == Some("coalesced") {
+                        e.coalesced.insert(resource.to_string(), true);
+                    }
+                } else {
+                    *e.name_keys.entry(resource.to_string()).or_default() += 1;
+                }
+            }
+            _ => other += 1,
+        }
+    }
+    let per: Vec<usize> = per_ns
+        .values()
+        .map(|n| n.name_keys.values().sum::<usize>() + n.namespace_keys.values().sum::<usize>())
+        .collect();
+    let total: usize = per.iter().sum();
+    let mut histogram: BTreeMap<usize, usize> = BTreeMap::new();
+    for n in &per {
+        *histogram.entry(*n).or_default() += 1;
+    }
+    let sum_of = |f: &dyn Fn(&Ns) -> usize| per_ns.values().map(f).sum::<usize>();
+    let coalesced_ns = |r: &str| {
+        per_ns
+            .values()
+            .filter(|n| n.coalesced.get(r).copied().unwrap_or(false))
+            .count()
+    };
+    Some(json!({
+        "method": "kcache's /debug/keys after the settle time: running keys of the bench namespaces, each one upstream watch (name keys and namespace keys; nothing is immutable)",
+        "namespaces_with_keys": per_ns.len(),
+        "upstream_watches": total,
+        "max_per_namespace": per.iter().max(),
+        "mean_per_namespace": (!per.is_empty()).then(|| total as f64 / per.len() as f64),
+        "namespaces_over_2": per.iter().filter(|n| **n > 2).count(),
+        "histogram": histogram.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        "name_keys": sum_of(&|n| n.name_keys.values().sum()),
+        "namespace_keys": sum_of(&|n| n.namespace_keys.values().sum()),
+        "namespaces_coalesced": {"secrets": coalesced_ns("secrets"), "configmaps": coalesced_ns("configmaps")},
+        "keys_outside_the_bench_namespaces": other,
+    }))
+}
+
+fn variant(t: &Target, p: &Params) -> String {
+    match (t.is_apiserver(), p.min_names) {
+        (true, _) => "direct".into(),
+        (false, 0) => "kcache, coalescing off".into(),
+        (false, n) => format!("kcache, coalescing on (coalesce_min_names = {n})"),
+    }
+}
+
+fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .chain(
+            before
+                .iter()
+                .filter(|(k, _)| !after.contains_key(*k))
+                .map(|(k, v)| (k.clone(), -v)),
+        )
+        .filter(|(_, v)| *v != 0.0)
+        .collect()
+}
+
+pub async fn run(ctx: &Ctx) -> ScenarioRun {
+    let p = Params::from_ctx(ctx);
+    setup(ctx, &p).await;
+    let (watches, receives) = plan(&p);
+    let watchers = super::fanout(receives.iter().map(String::as_str));
+    let objects = all_objects(&p);
+    let total_writes = (p.rate * p.seconds) as usize;
+    let per_node = p.watches_per_node();
+    let mut reports = Vec::new();
+    let mut series = Vec::new();
+    let mut notes = Vec::new();
+    if !ctx.args.http1 {
+        notes.push(format!(
+            "connections: each node's {per_node} watches share one HTTP/2 connection, as a kubelet's ({} connections; --per-connection does not apply)",
+            p.nodes
+        ));
+    }
+    for (i, t) in ctx.targets.iter().enumerate() {
+        if i > 0 {
+            super::between_targets(ctx).await;
+        }
+        let variant = variant(t, &p);
+        ctx.progress.log(&format!("target: {} ({variant})", t.name));
+        ctx.progress
+            .stage(&format!("quiet {} s before the baseline", QUIET.as_secs()));
+        tokio::time::sleep(QUIET).await;
+        let heap_before = apiserver_heap(ctx).await;
+        let before = snapshot(ctx, t).await;
+        let mut s = Session::start(ctx, "coalesce", t, 1, watches.len()).await;
+        let sampler = Sampler::start(ctx, t);
+        let api_peak = PeakRss::start(ctx.args.apiserver_pid, Duration::from_millis(200));
+        let target_peak = PeakRss::start(t.pid, Duration::from_millis(200));
+        let pool = ConnPool::per_node(&ctx.model, p.nodes, per_node);
+        let opened_at = Instant::now();
+        s.open(&pool, watches.clone()).await;
+        let open_seconds = s.open_seconds();
+        let open_wall = opened_at.elapsed().as_secs_f64();
+        let after_open = snapshot(ctx, t).await;
+        ctx.progress.stage(&format!(
+            "settling {} s (kcache's released name keys stop after their grace period)",
+            p.settle_secs
+        ));
+        tokio::time::sleep(Duration::from_secs(p.settle_secs)).await;
+        let samples = sampler.stop().await;
+        let heap_settled = apiserver_heap(ctx).await;
+        s.opened().await;
+        let settled = snapshot(ctx, t).await;
+        let api_peak = api_peak
+            .stop(ctx.args.apiserver_pid)
+            .max(settled.apiserver_rss_kib);
+        let target_peak = target_peak.stop(t.pid).max(settled.target_rss_kib);
+        let keys = if t.is_apiserver() {
+            None
+        } else {
+            keys_per_namespace(ctx, t).await
+        };
+        let written = s
+            .write(writes(&objects, &watchers, total_writes), p.rate, 0)
+            .await;
+        s.drain(0, written.expected).await;
+        let end = snapshot(ctx, t).await;
+        let (mut report, sorted) = s.finish(0, &written).await;
+
+        let registered_added = diff(
+            &settled.apiserver_registered_watchers,
+            &before.apiserver_registered_watchers,
+        );
+        let peak_registered = samples
+            .iter()
+            .map(|s| s.apiserver_registered_watchers)
+            .chain([registered_total(&after_open), registered_total(&settled)])
+            .filter(|v| v.is_finite())
+            .fold(f64::NAN, f64::max);
+        let kib = |a: u64, b: u64| a as i64 - b as i64;
+        let heap_growth = settled
+            .apiserver_heap_inuse_bytes
+            .zip(before.apiserver_heap_inuse_bytes)
+            .map(|(a, b)| a - b);
+        let kcache_growth: BTreeMap<&str, f64> = settled
+            .kcache
+            .iter()
+            .map(|(k, v)| (*k, v - before.kcache.get(k).copied().unwrap_or(0.0)))
+            .collect();
+        let lost = written.expected.saturating_sub(report.deliveries);
+        let surplus = report.deliveries.saturating_sub(written.expected);
+        ctx.progress.log(&format!(
+            "{variant}: {} of {} watches in {open_seconds:.1} s; API server RSS +{} MiB (peak +{} MiB), live heap {:+.1} MiB, watchers +{:.0} (peak {:.0}); target RSS +{} MiB; deliveries {}/{}",
+            report.watches_established,
+            report.client_watches,
+            kib(settled.apiserver_rss_kib, before.apiserver_rss_kib) / 1024,
+            kib(api_peak, before.apiserver_rss_kib) / 1024,
+            heap_settled
+                .zip(heap_before)
+                .map_or(f64::NAN, |(a, b)| (a.live_bytes as f64 - b.live_bytes as f64) / 1048576.0),
+            registered_added.values().sum::<f64>(),
+            peak_registered - registered_total(&before),
+            kib(settled.target_rss_kib, before.target_rss_kib) / 1024,
+            report.deliveries,
+            written.expected,
+        ));
+        if let Some(k) = &keys {
+            ctx.progress.log(&format!(
+                "{variant}: upstream watches per namespace: max {}, mean {:.2}; {} namespace keys coalesced (secrets), {} (configmaps)",
+                k["max_per_namespace"],
+                k["mean_per_namespace"].as_f64().unwrap_or(f64::NAN),
+                k["namespaces_coalesced"]["secrets"],
+                k["namespaces_coalesced"]["configmaps"],
+            ));
+        }
+        report.extra = json!({"coalesce": {
+            "variant": variant,
+            "kcache_coalesce_min_names": (!t.is_apiserver()).then_some(p.min_names),
+            "watches_per_node": per_node,
+            "connections": pool.connections(),
+            "open_seconds": open_seconds,
+            "open_seconds_method": "time from each step's watch requests to the last of them established (first event), summed over the steps; without the settling pauses before each RSS sample",
+            "open_wall_seconds": open_wall,
+            "settle_seconds": p.settle_secs,
+            "apiserver_rss_kib": {
+                "before": before.apiserver_rss_kib,
+                "after_open": after_open.apiserver_rss_kib,
+                "after_settle": settled.apiserver_rss_kib,
+                "peak": api_peak,
+                "growth": kib(settled.apiserver_rss_kib, before.apiserver_rss_kib),
+                "peak_growth": kib(api_peak, before.apiserver_rss_kib),
+            },
+            "apiserver_heap_inuse_bytes": {
+                "method": "go_memstats_heap_inuse_bytes from /metrics, without a collection first (garbage included: noisy)",
+                "before": before.apiserver_heap_inuse_bytes,
+                "after_settle": settled.apiserver_heap_inuse_bytes,
+                "growth": heap_growth,
+            },
+            "apiserver_live_heap_bytes": {
+                "method": "HeapAlloc right after a forced collection (/debug/pprof/heap?gc=1&debug=1): the memory the API server still holds live, which RSS follows only slowly",
+                "before": heap_before,
+                "after_settle": heap_settled,
+                "growth": heap_settled.zip(heap_before).map(|(a, b)| a.live_bytes as i64 - b.live_bytes as i64),
+            },
+            "target_rss_kib": {
+                "before": before.target_rss_kib,
+                "after_open": after_open.target_rss_kib,
+                "after_settle": settled.target_rss_kib,
+                "peak": target_peak,
+                "growth": kib(settled.target_rss_kib, before.target_rss_kib),
+            },
+            "apiserver_registered_watchers": {
+                "before": before.apiserver_registered_watchers,
+                "after_open": after_open.apiserver_registered_watchers,
+                "after_settle": settled.apiserver_registered_watchers,
+                "added": registered_added,
+                "added_total": registered_added.values().sum::<f64>(),
+                "peak_added": peak_registered - registered_total(&before),
+                "peak_method": format!("highest of the samples every {} s while the watches opened and settled, and of the reads after each", SAMPLE_EVERY.as_secs()),
+            },
+            "kcache_metrics": (!t.is_apiserver()).then(|| json!({
+                "after_open": after_open.kcache,
+                "after_settle": settled.kcache,
+                "after_writes": end.kcache,
+                "growth_to_settle": kcache_growth,
+            })),
+            "upstream_per_namespace": keys,
+            "deliveries": {
+                "expected": written.expected,
+                "delivered": report.deliveries,
+                "lost": lost,
+                "surplus": surplus,
+                "exact": lost == 0 && surplus == 0 && written.failed == 0,
+            },
+            "samples": samples,
+        }});
+        series.push(Series {
+            label: variant.clone(),
+            sorted,
+        });
+        reports.push(report);
+    }
+    let (us, uc) = (p.used(p.secrets), p.used(p.configmaps));
+    ScenarioRun {
+        workload: json!({
+            "nodes": p.nodes,
+            "namespaces": p.namespaces,
+            "namespaces_per_node": p.ns_per_node,
+            "secrets_per_namespace": p.secrets,
+            "configmaps_per_namespace": p.configmaps + 1,
+            "used_secrets_per_namespace": us,
+            "used_configmaps_per_namespace": uc,
+            "secret_and_configmap_watches_per_node": per_node - p.ns_per_node,
+            "kube_root_ca_watches_per_node": p.ns_per_node,
+            "watches_per_node": per_node,
+            "watches_total": watches.len(),
+            "distinct_objects_watched": watchers.len(),
+            "objects": objects.len(),
+            "writes_per_second": p.rate,
+            "seconds": p.seconds,
+            "writes": total_writes,
+            "settle_seconds": p.settle_secs,
+            "kcache_coalesce_min_names": p.min_names,
+        }),
+        reports,
+        series,
+        notes,
+        sections: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> Params {
+        Params {
+            nodes: 1000,
+            per_node: 30,
+            namespaces: 100,
+            secrets: 20,
+            configmaps: 20,
+            used_fraction: 0.8,
+            ns_per_node: 3,
+            rate: 20,
+            seconds: 20,
+            settle_secs: 45,
+            min_names: 0,
+        }
+    }
+
+    #[test]
+    fn every_node_holds_thirty_three_distinct_watches_in_three_namespaces() {
+        let p = params();
+        assert_eq!(p.watches_per_node(), 33);
+        let (watches, receives) = plan(&p);
+        assert_eq!(watches.len(), 33_000);
+        for n in [0, 1, 33, 999] {
+            let node = &watches[n * 33..(n + 1) * 33];
+            let distinct: std::collections::HashSet<_> = node.iter().map(|w| &w.0).collect();
+            assert_eq!(distinct.len(), 33, "node {n}");
+            let roots = node.iter().filter(|w| w.0.contains(ROOT_CA)).count();
+            assert_eq!(roots, 3);
+        }
+        // Each namespace gets 30 node visits; together they watch every used name.
+        let f = super::super::fanout(receives.iter().map(String::as_str));
+        assert_eq!(f.len(), 100 * (16 + 16 + 1));
+        assert_eq!(f[&object_path("bench-co-7", "configmaps", ROOT_CA)], 30);
+        assert!(!f.contains_key(&object_path("bench-co-7", "secrets", "s17")));
+        let total: usize = f.values().sum();
+        assert_eq!(total, receives.len());
+    }
+
+    #[test]
+    fn a_small_namespace_gives_the_other_kind_the_rest() {
+        let p = Params {
+            secrets: 2,
+            configmaps: 20,
+            per_node: 12,
+            ns_per_node: 2,
+            ..params()
+        };
+        // used: 2 Secrets (round(1.6)), 16 ConfigMaps; each slot of 6: 2 + 4.
+        assert_eq!(p.slot(0), (2, 4));
+        assert_eq!(p.watches_per_node(), 14);
+    }
+
+    #[test]
+    fn writes_are_the_same_for_every_target_and_count_their_watches() {
+        let p = params();
+        let (_, receives) = plan(&p);
+        let f = super::super::fanout(receives.iter().map(String::as_str));
+        let objects = all_objects(&p);
+        assert_eq!(objects.len(), 100 * 41);
+        let a = writes(&objects, &f, 400);
+        let b = writes(&objects, &f, 400);
+        let paths = |w: &[WriteOp]| {
+            w.iter()
+                .map(|w| match &w.op {
+                    Op::Annotate { path } => path.clone(),
+                    _ => String::new(),
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(paths(&a), paths(&b));
+        // Some writes go to objects nobody watches: a coalesced namespace key sees them
+        // and must not deliver them to name watchers.
+        assert!(a.iter().any(|w| w.fanout == 0));
+        assert!(a.iter().any(|w| w.fanout > 0));
+    }
+}
