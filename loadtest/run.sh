@@ -5,10 +5,11 @@
 # <results>/<scenario>-<date>.json plus <scenario>-<date>-latency-cdf.png and -rss.png,
 # and stops everything it started.
 #
-#   loadtest/run.sh [--scenario kubelet|informer|slow|scale|objects|kubeproxy|restart] [other kcache-bench flags]
+#   loadtest/run.sh [--scenario kubelet|informer|slow|scale|objects|kubeproxy|restart|coalesce] [other kcache-bench flags]
 #   loadtest/run.sh --scenario kubelet --nodes 10 --watches-per-node 49   # a small run
 #
-# The standard benchmark (scenarios 1-3) and scenario 4: loadtest/standard.sh.
+# The standard benchmark (scenarios 1-3) and scenario 4: loadtest/standard.sh. The
+# coalescing benchmark (three runs of --scenario coalesce, one per target): loadtest/coalesce.sh.
 # `target/release/kcache-bench --help` lists every flag and its default.
 #
 # Pinning (taskset, all threads): kube-apiserver + etcd on core 0, kcache on core 1, the
@@ -18,17 +19,21 @@
 #
 # Environment: KCACHE_BENCH_RESULTS (default loadtest/results), KCACHE_BENCH_NO_BUILD=1
 # (use the binaries in target/release as they are), KCACHE_BENCH_NOFILE (open-file limit
-# to ask for, default 200000). CARGO_TARGET_DIR, if set, is where cargo builds and where
-# the binaries are taken from (default: target).
+# to ask for, default 200000), KCACHE_BENCH_LOG_DIR (copy kcache.log and apiserver.log
+# there at the end, whatever the outcome). CARGO_TARGET_DIR, if set, is where cargo
+# builds and where the binaries are taken from (default: target).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scenario=kubelet
 own_out=
+coalesce_min_names=0
 prev=
 for a in "$@"; do
   [[ $prev == --scenario ]] && scenario=$a
   [[ $a == --scenario=* ]] && scenario=${a#--scenario=}
+  [[ $prev == --kcache-coalesce-min-names ]] && coalesce_min_names=$a
+  [[ $a == --kcache-coalesce-min-names=* ]] && coalesce_min_names=${a#--kcache-coalesce-min-names=}
   [[ $a == --out || $a == --out=* ]] && own_out=1
   prev=$a
 done
@@ -70,6 +75,10 @@ cleanup() {
     kill -0 "$p" 2>/dev/null && { kill -9 "$p" 2>/dev/null || true; }
   done
   wait 2>/dev/null || true
+  if [[ -n ${KCACHE_BENCH_LOG_DIR:-} ]]; then
+    mkdir -p "$KCACHE_BENCH_LOG_DIR"
+    cp "$KUBE_DIR"/kcache.log "$KUBE_DIR"/apiserver.log "$KCACHE_BENCH_LOG_DIR"/ 2>/dev/null || true
+  fi
   if ((status == 0)) && [[ -z ${KCACHE_BENCH_KEEP_LOGS:-} ]]; then
     rm -rf "$KUBE_DIR"
   elif ((status != 0)); then
@@ -92,6 +101,14 @@ if [[ $scenario == scale ]]; then
   printf '[server]\nmax_watches = 0\nmax_watches_per_user = 0\n[cache]\nmax_keys_per_user = 0\n' >"$KUBE_DIR/kcache-bench.toml"
   kcache_args=(--config "$KUBE_DIR/kcache-bench.toml")
   echo "kcache: watch caps off for the scale scenario ($KUBE_DIR/kcache-bench.toml)"
+fi
+if [[ $scenario == coalesce ]]; then
+  # Up to 165,000 watches of one user: caps off, as for scale; coalescing as the
+  # --kcache-coalesce-min-names flag says (kcache-bench records it), defaults otherwise.
+  printf '[server]\nmax_watches = 0\nmax_watches_per_user = 0\n[cache]\nmax_keys_per_user = 0\ncoalesce_min_names = %d\n' \
+    "$coalesce_min_names" >"$KUBE_DIR/kcache-bench.toml"
+  kcache_args=(--config "$KUBE_DIR/kcache-bench.toml")
+  echo "kcache: watch caps off, cache.coalesce_min_names = $coalesce_min_names ($KUBE_DIR/kcache-bench.toml)"
 fi
 
 cores=$(nproc)
