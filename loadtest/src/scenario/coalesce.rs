@@ -21,11 +21,16 @@
 //! node's `spec.nodeName` pod watch is a key of its own through kcache, which coalescing
 //! (per namespace) does not touch, and it would hide the per-namespace count.
 //!
-//! Per target: open the watches node by node in `--steps` steps (RSS after each), wait
-//! `--settle-secs` (45: kcache's name keys that handed their watchers to a namespace key
-//! stop after its 30 s grace period), then read the API server's RSS, Go heap and
-//! `apiserver_registered_watchers` by kind, kcache's RSS, its coalescing metrics and
-//! `/debug/keys` (upstream watches per namespace), and write `--rate` (20) writes/s for
+//! Per target: force a collection of the API server's heap (`/debug/pprof/heap?gc=1`),
+//! wait 10 s and read the baseline; open the watches node by node in `--steps` steps (RSS
+//! after each), wait `--settle-secs` (45: kcache's name keys that handed their watchers to
+//! a namespace key stop after its 30 s grace period), read `apiserver_registered_watchers`
+//! by kind, kcache's RSS, its coalescing metrics and `/debug/keys` (upstream watches per
+//! namespace); force a collection again, wait 10 s and read the API server's RSS and live
+//! memory (heap objects + goroutine stacks) against the baseline's. Without the forced
+//! collections the API server's RSS moves by tens of MiB either way with the garbage it
+//! happens to hold (as much as a few hundred watches cost). Then write `--rate` (20)
+//! writes/s for
 //! `--seconds` (20) to pseudo-randomly chosen objects of the namespaces (the same ones for
 //! every target, unwatched ones included): each must reach every watch of its object, no
 //! more, no fewer. While the watches open and settle, a sampler reads the API server's
@@ -48,8 +53,11 @@ use crate::watch::Ready;
 
 const NS_PREFIX: &str = "bench-co-";
 const ROOT_CA: &str = "kube-root-ca.crt";
-/// Quiet time after the setup's creates, before the baseline is read (the API server's RSS
-/// still moves for a while after a burst of writes).
+/// After a forced collection of the API server's heap, the time its runtime gets to give
+/// the freed pages back to the system before RSS is read: the baseline and the settled
+/// figure are both read that way (a collection and 10 s), so that garbage not yet
+/// collected at either moment does not count as growth (it is tens of MiB, as much as a
+/// few hundred watches hold).
 const QUIET: Duration = Duration::from_secs(10);
 /// How often the sampler reads the API server's watch count (its /metrics is large;
 /// scraping it costs the API server, which has one core).
@@ -260,19 +268,24 @@ struct Snapshot {
     /// The API server's `go_memstats_heap_inuse_bytes`: live heap, which RSS lags behind
     /// (the Go runtime returns freed memory to the system slowly).
     apiserver_heap_inuse_bytes: Option<f64>,
+    /// The API server's `go_goroutines`.
+    apiserver_goroutines: Option<f64>,
     /// kcache's metrics (kcache targets).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     kcache: BTreeMap<&'static str, f64>,
 }
 
-/// The API server's Go heap after a forced garbage collection
+/// The API server's Go memory after a forced garbage collection
 /// (`/debug/pprof/heap?gc=1&debug=1`, whose trailer has the runtime's MemStats): live
 /// memory, which RSS only follows slowly (freed pages go back to the system in the
 /// background, and a Go process's RSS runs up to about twice its live heap).
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 struct Heap {
-    /// `HeapAlloc` right after the collection: the live heap.
+    /// `HeapAlloc + StackInuse` right after the collection: live heap objects and
+    /// goroutine stacks (a watch holds goroutines, whose stacks are not heap).
     live_bytes: u64,
+    heap_alloc_bytes: u64,
+    stack_inuse_bytes: u64,
     heap_inuse_bytes: u64,
     heap_released_bytes: u64,
     sys_bytes: u64,
@@ -303,8 +316,18 @@ async fn apiserver_heap(ctx: &Ctx) -> Option<Heap> {
             .find_map(|l| l.strip_prefix(&format!("# {name} = ")))
             .and_then(|v| v.trim().parse::<u64>().ok())
     };
+    // "# Stack = <StackInuse> / <StackSys>"
+    let stack = text
+        .lines()
+        .find_map(|l| l.strip_prefix("# Stack = "))
+        .and_then(|v| v.split('/').next())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    let heap_alloc = field("HeapAlloc")?;
     Some(Heap {
-        live_bytes: field("HeapAlloc")?,
+        live_bytes: heap_alloc + stack,
+        heap_alloc_bytes: heap_alloc,
+        stack_inuse_bytes: stack,
         heap_inuse_bytes: field("HeapInuse")?,
         heap_released_bytes: field("HeapReleased").unwrap_or(0),
         sys_bytes: field("Sys").unwrap_or(0),
@@ -342,6 +365,7 @@ async fn snapshot(ctx: &Ctx, t: &Target) -> Snapshot {
         s.apiserver_registered_watchers =
             probe::sum_by_label(text, "apiserver_registered_watchers", "kind");
         s.apiserver_heap_inuse_bytes = probe::sum_samples(text, "go_memstats_heap_inuse_bytes");
+        s.apiserver_goroutines = probe::sum_samples(text, "go_goroutines");
     }
     if !t.is_apiserver() {
         if let Some(text) = probe::scrape(http, &t.url, token).await {
@@ -538,10 +562,12 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         }
         let variant = variant(t, &p);
         ctx.progress.log(&format!("target: {} ({variant})", t.name));
-        ctx.progress
-            .stage(&format!("quiet {} s before the baseline", QUIET.as_secs()));
-        tokio::time::sleep(QUIET).await;
+        ctx.progress.stage(&format!(
+            "baseline: API server GC, {} s quiet",
+            QUIET.as_secs()
+        ));
         let heap_before = apiserver_heap(ctx).await;
+        tokio::time::sleep(QUIET).await;
         let before = snapshot(ctx, t).await;
         let mut s = Session::start(ctx, "coalesce", t, 1, watches.len()).await;
         let sampler = Sampler::start(ctx, t);
@@ -559,13 +585,19 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         ));
         tokio::time::sleep(Duration::from_secs(p.settle_secs)).await;
         let samples = sampler.stop().await;
-        let heap_settled = apiserver_heap(ctx).await;
         s.opened().await;
         let settled = snapshot(ctx, t).await;
         let api_peak = api_peak
             .stop(ctx.args.apiserver_pid)
             .max(settled.apiserver_rss_kib);
         let target_peak = target_peak.stop(t.pid).max(settled.target_rss_kib);
+        ctx.progress.stage(&format!(
+            "settled: API server GC, {} s quiet",
+            QUIET.as_secs()
+        ));
+        let heap_settled = apiserver_heap(ctx).await;
+        tokio::time::sleep(QUIET).await;
+        let after_gc = snapshot(ctx, t).await;
         let keys = if t.is_apiserver() {
             None
         } else {
@@ -604,7 +636,7 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
             "{variant}: {} of {} watches in {open_seconds:.1} s; API server RSS +{} MiB (peak +{} MiB), live heap {:+.1} MiB, watchers +{:.0} (peak {:.0}); target RSS +{} MiB; deliveries {}/{}",
             report.watches_established,
             report.client_watches,
-            kib(settled.apiserver_rss_kib, before.apiserver_rss_kib) / 1024,
+            kib(after_gc.apiserver_rss_kib, before.apiserver_rss_kib) / 1024,
             kib(api_peak, before.apiserver_rss_kib) / 1024,
             heap_settled
                 .zip(heap_before)
@@ -634,12 +666,19 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
             "open_wall_seconds": open_wall,
             "settle_seconds": p.settle_secs,
             "apiserver_rss_kib": {
+                "method": format!("before: {q} s after a forced collection (/debug/pprof/heap?gc=1), before the first watch; after_gc: {q} s after another, once the watches had settled; growth: after_gc - before. after_settle: when settled, before that collection; peak: VmRSS every 200 ms while the watches opened and settled", q = QUIET.as_secs()),
                 "before": before.apiserver_rss_kib,
                 "after_open": after_open.apiserver_rss_kib,
                 "after_settle": settled.apiserver_rss_kib,
+                "after_gc": after_gc.apiserver_rss_kib,
                 "peak": api_peak,
-                "growth": kib(settled.apiserver_rss_kib, before.apiserver_rss_kib),
+                "growth": kib(after_gc.apiserver_rss_kib, before.apiserver_rss_kib),
+                "growth_without_forced_gc": kib(settled.apiserver_rss_kib, before.apiserver_rss_kib),
                 "peak_growth": kib(api_peak, before.apiserver_rss_kib),
+            },
+            "apiserver_goroutines": {
+                "before": before.apiserver_goroutines,
+                "after_settle": settled.apiserver_goroutines,
             },
             "apiserver_heap_inuse_bytes": {
                 "method": "go_memstats_heap_inuse_bytes from /metrics, without a collection first (garbage included: noisy)",
@@ -648,7 +687,7 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
                 "growth": heap_growth,
             },
             "apiserver_live_heap_bytes": {
-                "method": "HeapAlloc right after a forced collection (/debug/pprof/heap?gc=1&debug=1): the memory the API server still holds live, which RSS follows only slowly",
+                "method": "HeapAlloc + StackInuse right after a forced collection (/debug/pprof/heap?gc=1&debug=1): the memory the API server still holds live (objects and goroutine stacks), which RSS follows only slowly",
                 "before": heap_before,
                 "after_settle": heap_settled,
                 "growth": heap_settled.zip(heap_before).map(|(a, b)| a.live_bytes as i64 - b.live_bytes as i64),
@@ -658,6 +697,7 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
                 "after_open": after_open.target_rss_kib,
                 "after_settle": settled.target_rss_kib,
                 "peak": target_peak,
+                "after_gc": after_gc.target_rss_kib,
                 "growth": kib(settled.target_rss_kib, before.target_rss_kib),
             },
             "apiserver_registered_watchers": {
