@@ -23,11 +23,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 command="loadtest/coalesce.sh${*:+ $*}"
-size=(--nodes 1000)
+defaults=(--nodes 1000)
+smoke=
 if [[ ${1:-} == --smoke ]]; then
-  size=(--nodes 20 --namespaces 10 --steps 3 --seconds 10 --settle-secs 40)
+  smoke=1
+  defaults=(--nodes 20 --namespaces 10 --steps 3 --seconds 10 --settle-secs 40)
   shift
 fi
+# The size flags above, but those given on the command line (kcache-bench takes each once).
+size=()
+for ((i = 0; i < ${#defaults[@]}; i += 2)); do
+  [[ " $* " == *" ${defaults[i]} "* || " $* " == *" ${defaults[i]}="* ]] ||
+    size+=("${defaults[i]}" "${defaults[i + 1]}")
+done
 min_names=${KCACHE_COALESCE_MIN_NAMES:-4}
 release=${CARGO_TARGET_DIR:-target}/release
 if [[ -z ${KCACHE_BENCH_NO_BUILD:-} ]]; then
@@ -48,11 +56,11 @@ for part in direct off on; do
   echo "=== coalesce: $part ($((SECONDS - start)) s in) ==="
   # One failed part does not stop the others: the report says which is missing.
   KCACHE_BENCH_LOG_DIR=$parts/$part loadtest/run.sh --scenario coalesce "${target[@]}" \
-    --no-plots --out "$parts/$part.json" "${size[@]}" "$@" ||
+    --no-plots --out "$parts/$part.json" ${size[@]+"${size[@]}"} "$@" ||
     echo "coalesce: the $part run failed (logs in $parts/$part)" >&2
 done
 out=$results/coalesce-$stamp.json
-[[ ${size[1]} == 20 ]] && out=$results/coalesce-$stamp-smoke.json
+[[ $smoke ]] && out=$results/coalesce-$stamp-smoke.json
 "$release/kcache-coalesce-report" --out "$out" --logs "$parts" \
   --command "$command" --wall-seconds $((SECONDS - start)) \
   "$parts/direct.json" "$parts/off.json" "$parts/on.json"

@@ -32,6 +32,9 @@ pub struct WatchReq {
 
 /// Attempts per watch request before it counts as failed.
 const ATTEMPTS: u32 = 3;
+/// Longest wait for a watch's response headers before the request is tried again (kcache
+/// answers once the key is synced, in at most its `sync_timeout_secs`, 30).
+const HEADERS_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The part of a watch event the harness reads; everything else is skipped unparsed.
 #[derive(Deserialize)]
@@ -63,15 +66,18 @@ struct Meta {
 async fn open(req: &WatchReq, rec: &Recorder) -> Option<reqwest::Response> {
     Counters::inc(&rec.counters.opened);
     for attempt in 1..=ATTEMPTS {
-        let reason = match req
-            .client
-            .get(&req.url)
-            .bearer_auth(&req.token)
-            .send()
-            .await
-        {
-            Ok(resp) if resp.status().is_success() => return Some(resp),
-            Ok(resp) => {
+        let sent = req.client.get(&req.url).bearer_auth(&req.token).send();
+        let reason = match tokio::time::timeout(HEADERS_TIMEOUT, sent).await {
+            Err(_) => {
+                if attempt == ATTEMPTS {
+                    rec.failure("watch headers timeout".into());
+                    Counters::inc(&rec.counters.failed);
+                    return None;
+                }
+                "watch headers timeout (retried)".to_string()
+            }
+            Ok(Ok(resp)) if resp.status().is_success() => return Some(resp),
+            Ok(Ok(resp)) => {
                 let status = resp.status();
                 let retry = status.as_u16() == 429 || status.is_server_error();
                 if !retry || attempt == ATTEMPTS {
@@ -81,7 +87,7 @@ async fn open(req: &WatchReq, rec: &Recorder) -> Option<reqwest::Response> {
                 }
                 format!("watch HTTP {} (retried)", status.as_u16())
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 let kind = if e.is_connect() {
                     "connect"
                 } else if e.is_timeout() {
@@ -134,45 +140,80 @@ fn on_line(line: &[u8], at: Instant, rec: &Recorder) -> bool {
     true
 }
 
-/// Opens and reads one watch until its stream ends or the task is aborted.
+/// How one watch stream ended.
+enum End {
+    /// After its first event (or, for [`Ready::Headers`], once established).
+    Established,
+    /// Before it was established: the server or the connection went away first.
+    Early,
+}
+
+/// Opens and reads one watch until its stream ends or the task is aborted. A stream that
+/// ends before it is established (its connection closed under it: a busy API server
+/// closes a new HTTP/2 connection whose SETTINGS it did not read in time) is opened
+/// again, as a client would, up to [`ATTEMPTS`] times; then it counts as failed, so that
+/// nothing waits for it.
 pub fn spawn(req: WatchReq, ready: Ready, rec: Arc<Recorder>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let Some(resp) = open(&req, &rec).await else {
-            return;
-        };
-        if ready == Ready::Headers {
-            Counters::inc(&rec.counters.ready);
-        }
-        let mut seen_event = ready == Ready::Headers;
-        let mut body = resp.bytes_stream();
-        let mut buf: Vec<u8> = Vec::new();
-        loop {
-            let chunk = match body.next().await {
-                Some(Ok(chunk)) => chunk,
-                Some(Err(_)) => {
-                    rec.failure("watch stream error".into());
-                    Counters::inc(&rec.counters.ended);
-                    return;
-                }
-                None => {
-                    Counters::inc(&rec.counters.ended);
-                    return;
-                }
+        for attempt in 1..=ATTEMPTS {
+            let Some(resp) = open(&req, &rec).await else {
+                return;
             };
-            let at = Instant::now();
-            buf.extend_from_slice(&chunk);
-            let mut start = 0;
-            while let Some(nl) = buf[start..].iter().position(|b| *b == b'\n') {
-                let event = on_line(&buf[start..start + nl], at, &rec);
-                start += nl + 1;
-                if event && !seen_event {
-                    seen_event = true;
-                    Counters::inc(&rec.counters.ready);
+            match read(resp, ready, &rec).await {
+                End::Established => return,
+                End::Early if attempt < ATTEMPTS => {
+                    rec.note("watch ended before established (retried)".into());
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                End::Early => {
+                    rec.failure("watch ended before established".into());
+                    Counters::inc(&rec.counters.failed);
                 }
             }
-            buf.drain(..start);
         }
     })
+}
+
+/// Reads a watch's events until its stream ends.
+async fn read(resp: reqwest::Response, ready: Ready, rec: &Recorder) -> End {
+    if ready == Ready::Headers {
+        Counters::inc(&rec.counters.ready);
+    }
+    let mut seen_event = ready == Ready::Headers;
+    let ended = |seen: bool| {
+        if seen {
+            Counters::inc(&rec.counters.ended);
+            End::Established
+        } else {
+            End::Early
+        }
+    };
+    let mut body = resp.bytes_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        let chunk = match body.next().await {
+            Some(Ok(chunk)) => chunk,
+            Some(Err(_)) => {
+                if seen_event {
+                    rec.failure("watch stream error".into());
+                }
+                return ended(seen_event);
+            }
+            None => return ended(seen_event),
+        };
+        let at = Instant::now();
+        buf.extend_from_slice(&chunk);
+        let mut start = 0;
+        while let Some(nl) = buf[start..].iter().position(|b| *b == b'\n') {
+            let event = on_line(&buf[start..start + nl], at, rec);
+            start += nl + 1;
+            if event && !seen_event {
+                seen_event = true;
+                Counters::inc(&rec.counters.ready);
+            }
+        }
+        buf.drain(..start);
+    }
 }
 
 /// A slow consumer: opens the watch and holds the response without ever reading it.

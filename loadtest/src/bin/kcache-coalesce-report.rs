@@ -87,19 +87,56 @@ fn mib(kib: Option<f64>) -> Option<f64> {
     kib.map(|k| k / 1024.0)
 }
 
+/// What kcache logs when it starts shutting down (run.sh stops it, and at the same time
+/// the API server, once the bench is done).
+const SHUTDOWN: &str = "shutting down: readiness off";
+
+/// WARN and ERROR lines of one stretch of a log.
+#[derive(Default)]
+struct Levels {
+    counts: BTreeMap<&'static str, usize>,
+    messages: BTreeMap<String, usize>,
+    examples: BTreeMap<&'static str, Vec<String>>,
+}
+
+impl Levels {
+    fn add(&mut self, level: &'static str, line: &str) {
+        *self.counts.entry(level).or_default() += 1;
+        *self.messages.entry(message(line)).or_default() += 1;
+        let ex = self.examples.entry(level).or_default();
+        if ex.len() < 5 {
+            ex.push(line.chars().take(400).collect());
+        }
+    }
+
+    fn json(self) -> Value {
+        let mut by_count: Vec<(String, usize)> = self.messages.into_iter().collect();
+        by_count.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        by_count.truncate(20);
+        json!({
+            "warn": self.counts.get("warn").copied().unwrap_or(0),
+            "error": self.counts.get("error").copied().unwrap_or(0),
+            "messages": by_count.into_iter().map(|(m, n)| json!({"count": n, "message": m})).collect::<Vec<_>>(),
+            "examples": self.examples,
+        })
+    }
+}
+
 /// WARN and ERROR lines of a log (ANSI colour codes removed): counts, the distinct
 /// messages with their counts (the message without its time stamp, cut at its first
 /// `key=` field so one message about many keys counts once), and up to 5 examples per
-/// level; `None` if the file is not there.
+/// level — for the run, and apart from it those from kcache's shutdown on (its last
+/// watchers' streams, the API server stopped at the same time); `None` if the file is not
+/// there.
 fn log_summary(path: &Path) -> Option<Value> {
     let text = std::fs::read_to_string(path).ok()?;
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut messages: BTreeMap<String, usize> = BTreeMap::new();
-    let mut examples: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    let (mut run, mut shutdown) = (Levels::default(), Levels::default());
     let mut lines = 0usize;
+    let mut stopping = false;
     for raw in text.lines() {
         lines += 1;
         let line = strip_ansi(raw);
+        stopping |= line.contains(SHUTDOWN);
         // tracing's format: "<time>  WARN target: message"; klog's: "W1124 ..." / "E1124 ...".
         let level = if line.contains(" WARN ") || klog_level(&line) == Some('W') {
             "warn"
@@ -108,23 +145,12 @@ fn log_summary(path: &Path) -> Option<Value> {
         } else {
             continue;
         };
-        *counts.entry(level).or_default() += 1;
-        *messages.entry(message(&line)).or_default() += 1;
-        let ex = examples.entry(level).or_default();
-        if ex.len() < 5 {
-            ex.push(line.chars().take(400).collect());
-        }
+        if stopping { &mut shutdown } else { &mut run }.add(level, &line);
     }
-    let mut by_count: Vec<(String, usize)> = messages.into_iter().collect();
-    by_count.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    by_count.truncate(20);
-    Some(json!({
-        "lines": lines,
-        "warn": counts.get("warn").copied().unwrap_or(0),
-        "error": counts.get("error").copied().unwrap_or(0),
-        "messages": by_count.into_iter().map(|(m, n)| json!({"count": n, "message": m})).collect::<Vec<_>>(),
-        "examples": examples,
-    }))
+    let mut out = run.json();
+    out["lines"] = json!(lines);
+    out["at_shutdown"] = shutdown.json();
+    Some(out)
 }
 
 /// A log line without its time stamp (tracing: the first field; klog: level, date, time
@@ -414,8 +440,8 @@ fn main() -> ExitCode {
         |p: &Part, who: &str, level: &str| logs.get(p.name).and_then(|l| l[who][level].as_f64());
     let mut rows = rows;
     for (label, level) in [
-        ("kcache log WARN lines", "warn"),
-        ("kcache log ERROR lines", "error"),
+        ("kcache log WARN lines (before its shutdown)", "warn"),
+        ("kcache log ERROR lines (before its shutdown)", "error"),
     ] {
         let values = parts
             .iter()
@@ -530,14 +556,16 @@ fn main() -> ExitCode {
         ));
     }
     for p in parts.iter().filter(|p| p.name != "direct") {
-        let msgs = logs.get(p.name).map(|l| &l["kcache"]["messages"]);
-        for m in msgs.and_then(Value::as_array).into_iter().flatten().take(5) {
-            md.push_str(&format!(
-                "kcache log ({}): {} × `{}`\n",
-                p.name,
-                m["count"],
-                m["message"].as_str().unwrap_or("")
-            ));
+        for (when, path) in [("run", "messages"), ("shutdown", "at_shutdown.messages")] {
+            let msgs = logs.get(p.name).map(|l| at(&l["kcache"], path));
+            for m in msgs.and_then(Value::as_array).into_iter().flatten().take(5) {
+                md.push_str(&format!(
+                    "kcache log ({}, {when}): {} × `{}`\n",
+                    p.name,
+                    m["count"],
+                    m["message"].as_str().unwrap_or("")
+                ));
+            }
         }
     }
 

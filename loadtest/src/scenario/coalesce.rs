@@ -22,10 +22,10 @@
 //! (per namespace) does not touch, and it would hide the per-namespace count.
 //!
 //! Per target: force a collection of the API server's heap (`/debug/pprof/heap?gc=1`),
-//! wait 10 s and read the baseline; open the watches node by node in `--steps` steps (RSS
-//! after each), wait `--settle-secs` (45: kcache's name keys that handed their watchers to
-//! a namespace key stop after its 30 s grace period), read `apiserver_registered_watchers`
-//! by kind, kcache's RSS, its coalescing metrics and `/debug/keys` (upstream watches per
+//! wait 10 s and read the baseline; open the watches node by node in `--steps` steps, at
+//! most 100 nodes each (RSS after each; each step waits for its watches), wait
+//! `--settle-secs` (45: kcache's name keys that handed their watchers to a namespace key
+//! stop after its 30 s grace period), read `apiserver_registered_watchers` by kind, kcache's RSS, its coalescing metrics and `/debug/keys` (upstream watches per
 //! namespace); force a collection again, wait 10 s and read the API server's RSS and live
 //! memory (heap objects + goroutine stacks) against the baseline's. Without the forced
 //! collections the API server's RSS moves by tens of MiB either way with the garbage it
@@ -59,6 +59,11 @@ const ROOT_CA: &str = "kube-root-ca.crt";
 /// collected at either moment does not count as growth (it is tens of MiB, as much as a
 /// few hundred watches hold).
 const QUIET: Duration = Duration::from_secs(10);
+/// At most this many nodes open their watches in one step (`--steps` is raised to keep
+/// to it): with 200 nodes' 6,600 watches at once, the API server (one core) was too busy
+/// to read new connections' HTTP/2 SETTINGS in time and closed 13 of them ("timeout
+/// waiting for SETTINGS frames"); 100 nodes' 3,300 at once it handled.
+const MAX_NODES_PER_STEP: usize = 100;
 /// How often the sampler reads the API server's watch count (its /metrics is large;
 /// scraping it costs the API server, which has one core).
 const SAMPLE_EVERY: Duration = Duration::from_secs(5);
@@ -547,6 +552,7 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
     let objects = all_objects(&p);
     let total_writes = (p.rate * p.seconds) as usize;
     let per_node = p.watches_per_node();
+    let open_steps = ctx.args.steps.max(p.nodes.div_ceil(MAX_NODES_PER_STEP));
     let mut reports = Vec::new();
     let mut series = Vec::new();
     let mut notes = Vec::new();
@@ -570,6 +576,7 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         tokio::time::sleep(QUIET).await;
         let before = snapshot(ctx, t).await;
         let mut s = Session::start(ctx, "coalesce", t, 1, watches.len()).await;
+        s.set_open_steps(open_steps);
         let sampler = Sampler::start(ctx, t);
         let api_peak = PeakRss::start(ctx.args.apiserver_pid, Duration::from_millis(200));
         let target_peak = PeakRss::start(t.pid, Duration::from_millis(200));
@@ -661,6 +668,7 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
             "kcache_coalesce_min_names": (!t.is_apiserver()).then_some(p.min_names),
             "watches_per_node": per_node,
             "connections": pool.connections(),
+            "open_steps": open_steps,
             "open_seconds": open_seconds,
             "open_seconds_method": "time from each step's watch requests to the last of them established (first event), summed over the steps; without the settling pauses before each RSS sample",
             "open_wall_seconds": open_wall,

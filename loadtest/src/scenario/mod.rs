@@ -169,6 +169,8 @@ pub struct Session<'a> {
     /// Time spent waiting for watches to be established, over every open step (without
     /// the settling pauses before the RSS samples).
     open_wait: Duration,
+    /// Steps [`Session::open_at`] opens a batch in (`--steps` unless a scenario sets it).
+    open_steps: usize,
     write_start: Option<Cpu>,
     server_watches: ServerWatches,
     _tracking: Tracking,
@@ -214,6 +216,7 @@ impl<'a> Session<'a> {
             rec,
             cpu_open: Cpu::default(),
             open_wait: Duration::ZERO,
+            open_steps: ctx.args.steps,
             rss_after: before.rss,
             apiserver_rss_after: before.apiserver_rss,
             warm: None,
@@ -276,7 +279,7 @@ impl<'a> Session<'a> {
             "opening {total} watches over {} connections",
             pool.connections()
         ));
-        let steps = ctx.args.steps.clamp(1, total.max(1));
+        let steps = self.open_steps.clamp(1, total.max(1));
         let timeout = ctx
             .args
             .open_timeout_secs
@@ -327,6 +330,11 @@ impl<'a> Session<'a> {
                 // The remaining steps wait at most 30 s each.
             }
         }
+    }
+
+    /// Open the next batches in `steps` steps instead of `--steps`.
+    pub fn set_open_steps(&mut self, steps: usize) {
+        self.open_steps = steps;
     }
 
     /// Seconds spent waiting for the watches to be established so far: from each step's
