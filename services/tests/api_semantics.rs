@@ -5,50 +5,12 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
+use support::http::{put_secret, Events, Http};
 use support::kcache::Kcache;
-use support::{eventually, TestCluster};
+use support::{eventually, TestCluster, ADMIN_TOKEN};
 
-const TOKEN: &str = "admintoken";
-
-struct Http {
-    base: String,
-    client: reqwest::Client,
-}
-
-impl Http {
-    fn new(base: &str) -> Self {
-        Http {
-            base: base.to_string(),
-            client: support::insecure_http(),
-        }
-    }
-
-    async fn get(&self, path: &str, token: Option<&str>) -> (u16, Value) {
-        let mut req = self.client.get(format!("{}{}", self.base, path));
-        if let Some(t) = token {
-            req = req.bearer_auth(t);
-        }
-        let resp = req.send().await.expect("request");
-        let code = resp.status().as_u16();
-        let body = resp.bytes().await.expect("body");
-        (code, serde_json::from_slice(&body).unwrap_or(Value::Null))
-    }
-
-    /// Opens a watch and returns its status and a stream of parsed events.
-    async fn watch(&self, path: &str) -> (u16, Events) {
-        let resp = self
-            .client
-            .get(format!("{}{}", self.base, path))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .expect("watch request");
-        (resp.status().as_u16(), support::event_channel(resp))
-    }
-}
-
-type Events = tokio::sync::mpsc::UnboundedReceiver<Value>;
+const TOKEN: &str = ADMIN_TOKEN;
 
 async fn next_event(rx: &mut Events) -> Value {
     tokio::time::timeout(Duration::from_secs(20), rx.recv())
@@ -59,22 +21,6 @@ async fn next_event(rx: &mut Events) -> Value {
 
 async fn admin(cluster: &TestCluster) -> kube::Client {
     cluster.kube_client().await
-}
-
-async fn put_secret(client: &kube::Client, ns: &str, name: &str, value: &str) -> String {
-    use k8s_openapi::api::core::v1::Secret;
-    let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), ns);
-    let obj: Secret = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "stringData": {"v": value},
-    }))
-    .expect("secret");
-    let pp = kube::api::PatchParams::apply("test").force();
-    let out = api
-        .patch(name, &pp, &kube::api::Patch::Apply(&obj))
-        .await
-        .expect("apply secret");
-    out.metadata.resource_version.expect("rv")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher;
+use support::http::events_until_quiet;
 use support::judge::{upstream_state, Judge};
 use support::kcache::Kcache;
 use support::{eventually, TestCluster, ADMIN_TOKEN};
@@ -182,6 +183,44 @@ async fn watched_names_coalesce_into_their_namespace_and_split_back_without_a_ga
         || async { name_keys(&k).await == 0 && k.metric("kcache_upstream_watches").await == 1.0 },
     )
     .await;
+    // /debug/keys says which key serves the names and why.
+    let keys = k.debug_keys().await;
+    let ns_key = format!("/api/v1/namespaces/{NS}/configmaps");
+    let group = keys["groups"]
+        .as_array()
+        .and_then(|g| g.iter().find(|g| g["key"] == ns_key.as_str()))
+        .unwrap_or_else(|| panic!("no group for {ns_key}: {keys:#}"));
+    assert_eq!(
+        (&group["state"], &group["names"], &group["held"]),
+        (&"coalesced".into(), &6.into(), &6.into()),
+        "{keys:#}"
+    );
+    // Why: the six held objects are at least coalesce_fraction of the namespace's count.
+    assert!(
+        group["objects"]
+            .as_u64()
+            .is_some_and(|n| 6.0 >= 0.3 * n as f64),
+        "{keys:#}"
+    );
+    let info = k.key_info(&ns_key).await.expect("namespace key");
+    let served: Vec<String> = info["covering"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .map(|c| {
+                    format!(
+                        "{} {}",
+                        c["key"].as_str().unwrap_or(""),
+                        c["why"].as_str().unwrap_or("")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let want: Vec<String> = (0..6)
+        .map(|i| format!("{ns_key}/cm{i} coalesced"))
+        .collect();
+    assert_eq!(served, want, "{info:#}");
     writer.await.expect("writes");
     for p in &pairs {
         p.judge(&api).await;
@@ -352,24 +391,8 @@ async fn a_fleet_coalesces_on_names_watched_across_replicas_and_survives_the_own
     }
 }
 
-/// A watch's object events until it has been quiet for 3 s: `TYPE ns/name@rv`.
-async fn drain(rx: &mut tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>) -> Vec<String> {
-    let mut out = Vec::new();
-    while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(3), rx.recv()).await {
-        if ev["type"] == "BOOKMARK" {
-            continue;
-        }
-        let m = &ev["object"]["metadata"];
-        out.push(format!(
-            "{} {}/{}@{}",
-            ev["type"].as_str().unwrap_or(""),
-            m["namespace"].as_str().unwrap_or(""),
-            m["name"].as_str().unwrap_or(""),
-            m["resourceVersion"].as_str().unwrap_or("")
-        ));
-    }
-    out
-}
+/// How long a watch stays quiet before its events are taken to be all.
+const QUIET: Duration = Duration::from_secs(3);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_pod_watches_coalesce_into_the_cluster_pods_key_without_a_gap() {
@@ -466,7 +489,10 @@ async fn node_pod_watches_coalesce_into_the_cluster_pods_key_without_a_gap() {
     .await;
     writer.await.expect("writes");
     for (n, (through, direct)) in watches.iter_mut().enumerate() {
-        let (got, want) = (drain(through).await, drain(direct).await);
+        let (got, want) = (
+            events_until_quiet(through, QUIET).await,
+            events_until_quiet(direct, QUIET).await,
+        );
         assert!(want.len() >= 40, "n{n}: the node's pods changed: {want:?}");
         assert_eq!(got, want, "n{n}: kcache (left) vs the API server");
     }

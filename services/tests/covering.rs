@@ -7,50 +7,10 @@ mod support;
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
+use support::http::{delete_secret, next_events, put_secret, Http};
 use support::kcache::Kcache;
-use support::{eventually, TestCluster, ADMIN_TOKEN};
-
-struct Http {
-    base: String,
-    client: reqwest::Client,
-}
-
-impl Http {
-    fn new(base: &str) -> Self {
-        Http {
-            base: base.to_string(),
-            client: support::insecure_http(),
-        }
-    }
-
-    async fn get(&self, path: &str) -> (u16, Value) {
-        let resp = self
-            .client
-            .get(format!("{}{}", self.base, path))
-            .bearer_auth(ADMIN_TOKEN)
-            .send()
-            .await
-            .expect("request");
-        let code = resp.status().as_u16();
-        let body = resp.bytes().await.expect("body");
-        (code, serde_json::from_slice(&body).unwrap_or(Value::Null))
-    }
-
-    async fn watch(&self, path: &str) -> Events {
-        let resp = self
-            .client
-            .get(format!("{}{}", self.base, path))
-            .bearer_auth(ADMIN_TOKEN)
-            .send()
-            .await
-            .expect("watch request");
-        assert_eq!(resp.status().as_u16(), 200, "{path}");
-        support::event_channel(resp)
-    }
-}
-
-type Events = tokio::sync::mpsc::UnboundedReceiver<Value>;
+use support::{eventually, TestCluster};
 
 /// What a get or list shows: `ns/name@rv` per object, sorted, or the Status reason.
 fn shown(code: u16, body: &Value) -> (u16, Vec<String>) {
@@ -75,56 +35,11 @@ fn shown(code: u16, body: &Value) -> (u16, Vec<String>) {
     (code, out)
 }
 
-/// The next `n` object events of a watch as `TYPE ns/name@rv`, bookmarks skipped.
-async fn events(rx: &mut Events, n: usize) -> Vec<String> {
-    let mut out = Vec::new();
-    while out.len() < n {
-        let ev = tokio::time::timeout(Duration::from_secs(20), rx.recv())
-            .await
-            .unwrap_or_else(|_| panic!("{n} events within 20 s; got {out:?}"))
-            .unwrap_or_else(|| panic!("stream ended after {out:?}"));
-        if ev["type"] == "BOOKMARK" {
-            continue;
-        }
-        let m = &ev["object"]["metadata"];
-        out.push(format!(
-            "{} {}/{}@{}",
-            ev["type"].as_str().unwrap_or(""),
-            m["namespace"].as_str().unwrap_or(""),
-            m["name"].as_str().unwrap_or(""),
-            m["resourceVersion"].as_str().unwrap_or("")
-        ));
-    }
-    out
-}
-
-async fn put_secret(client: &kube::Client, ns: &str, name: &str, value: &str) {
-    use k8s_openapi::api::core::v1::Secret;
-    let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), ns);
-    let obj: Secret = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "stringData": {"v": value},
-    }))
-    .expect("secret");
-    let pp = kube::api::PatchParams::apply("test").force();
-    api.patch(name, &pp, &kube::api::Patch::Apply(&obj))
-        .await
-        .expect("apply secret");
-}
-
-async fn delete_secret(client: &kube::Client, ns: &str, name: &str) {
-    use k8s_openapi::api::core::v1::Secret;
-    let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), ns);
-    api.delete(name, &Default::default())
-        .await
-        .expect("delete secret");
-}
-
 /// Every path gives the same status and objects from both servers.
 async fn same_reads(upstream: &Http, kcache: &Http, paths: &[&str]) {
     for path in paths {
-        let (a, a_body) = upstream.get(path).await;
-        let (k, k_body) = kcache.get(path).await;
+        let (a, a_body) = upstream.get_admin(path).await;
+        let (k, k_body) = kcache.get_admin(path).await;
         assert_eq!(
             shown(k, &k_body),
             shown(a, &a_body),
@@ -160,7 +75,9 @@ async fn running_namespace_and_cluster_keys_serve_what_they_cover_as_the_api_ser
     }
 
     // A namespace informer keeps the namespace key running.
-    let _informer = kcache.watch("/api/v1/namespaces/cov/secrets?watch=1").await;
+    let _informer = kcache
+        .watch_ok("/api/v1/namespaces/cov/secrets?watch=1")
+        .await;
     let ns_key = "/api/v1/namespaces/cov/secrets";
     eventually(
         "the namespace key syncs",
@@ -189,7 +106,9 @@ async fn running_namespace_and_cluster_keys_serve_what_they_cover_as_the_api_ser
 
     // The kubelet's single-object watch, from the list's RV, on both.
     let (_, list) = kcache
-        .get("/api/v1/namespaces/cov/secrets?resourceVersion=0&fieldSelector=metadata.name%3Ds1")
+        .get_admin(
+            "/api/v1/namespaces/cov/secrets?resourceVersion=0&fieldSelector=metadata.name%3Ds1",
+        )
         .await;
     let rv = list["metadata"]["resourceVersion"]
         .as_str()
@@ -198,23 +117,34 @@ async fn running_namespace_and_cluster_keys_serve_what_they_cover_as_the_api_ser
     let path = format!(
         "/api/v1/namespaces/cov/secrets?watch=1&resourceVersion={rv}&fieldSelector=metadata.name%3Ds1"
     );
-    let mut from_kcache = kcache.watch(&path).await;
-    let mut from_upstream = upstream.watch(&path).await;
+    let mut from_kcache = kcache.watch_ok(&path).await;
+    let mut from_upstream = upstream.watch_ok(&path).await;
     let keys = key_names(&k).await;
     assert!(
         !keys.iter().any(|k| k.ends_with("/secrets/s1")),
         "no name key started: {keys:?}"
     );
     let info = k.key_info(ns_key).await.expect("namespace key");
-    let covered: Vec<&str> = info["covering"]
+    // Coalescing is off: both are served because their own keys were not running.
+    let covered: Vec<String> = info["covering"]
         .as_array()
-        .map(|c| c.iter().filter_map(|c| c["key"].as_str()).collect())
+        .map(|c| {
+            c.iter()
+                .map(|c| {
+                    format!(
+                        "{} {}",
+                        c["key"].as_str().unwrap_or(""),
+                        c["why"].as_str().unwrap_or("")
+                    )
+                })
+                .collect()
+        })
         .unwrap_or_default();
     assert_eq!(
         covered,
         [
-            "/api/v1/namespaces/cov/secrets/nothere",
-            "/api/v1/namespaces/cov/secrets/s1"
+            "/api/v1/namespaces/cov/secrets/nothere covered",
+            "/api/v1/namespaces/cov/secrets/s1 covered"
         ],
         "{info}"
     );
@@ -223,13 +153,13 @@ async fn running_namespace_and_cluster_keys_serve_what_they_cover_as_the_api_ser
     }
     delete_secret(&admin, "cov", "s1").await;
     assert_eq!(
-        events(&mut from_kcache, 3).await,
-        events(&mut from_upstream, 3).await,
+        next_events(&mut from_kcache, 3).await,
+        next_events(&mut from_upstream, 3).await,
         "kcache (left) vs the API server"
     );
 
     // The cluster key covers other namespaces, and names across namespaces.
-    let _cluster_informer = kcache.watch("/api/v1/secrets?watch=1").await;
+    let _cluster_informer = kcache.watch_ok("/api/v1/secrets?watch=1").await;
     eventually("the cluster key syncs", Duration::from_secs(30), || async {
         k.key_info("/api/v1/secrets")
             .await

@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use actix::prelude::*;
+use serde::Serialize;
 
 use super::{Moved, Registry};
 use crate::cached_object::{HandOver, HandedOver};
@@ -28,6 +29,31 @@ pub(super) struct Coalescing {
     counting: bool,
     below_since_ms: Option<u64>,
     state: State,
+    /// The figures of the last check: names (or nodes) watched and the objects they hold.
+    last: (usize, Option<u64>),
+}
+
+/// One group in `/debug/keys`: its state and the figures the last decision was made on.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupInfo {
+    /// The namespace key (or cluster key) the names (or nodes) coalesce into.
+    pub key: String,
+    /// `apart`, `coalesced` or `splitting`.
+    pub state: &'static str,
+    /// Names (nodes) watched, fleet-wide in a fleet.
+    pub names: usize,
+    /// Objects those keys hold, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<u64>,
+    /// The group's object count, when known, and how old it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub objects: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub counted_secs_ago: Option<u64>,
+    /// Since when (seconds) it has been below the split threshold, while coalesced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub below_for_secs: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -51,6 +77,20 @@ impl Coalescing {
             State::Apart => None,
             State::Coalesced => Some("coalesced"),
             State::Splitting(_) => Some("splitting"),
+        }
+    }
+
+    pub(super) fn info(&self, key: &Key, now_ms: u64) -> GroupInfo {
+        GroupInfo {
+            key: key.to_string(),
+            state: self.label().unwrap_or("apart"),
+            names: self.last.0,
+            held: self.last.1,
+            objects: self.objects.map(|(n, _)| n),
+            counted_secs_ago: self.objects.map(|(_, at)| now_ms.saturating_sub(at) / 1000),
+            below_for_secs: self
+                .below_since_ms
+                .map(|at| now_ms.saturating_sub(at) / 1000),
         }
     }
 }
@@ -142,6 +182,7 @@ impl Registry {
             }
             let held = self.held(&ns_key, watched, names.get(&ns_key));
             let c = self.coalescing.entry(ns_key.clone()).or_default();
+            c.last = (watched, held);
             let group = Group {
                 names: watched,
                 held,

@@ -9,6 +9,8 @@
 
 mod coalesce;
 
+pub use coalesce::GroupInfo;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -506,6 +508,10 @@ pub struct GetDebugKeys;
 pub struct DebugKeys {
     pub replica: String,
     pub keys: Vec<KeyInfo>,
+    /// The namespaces (and the cluster, for node keys) adaptive coalescing has figures
+    /// for: why each is or is not coalesced (`core::coalesce`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupInfo>,
 }
 
 #[derive(Debug, Serialize)]
@@ -535,6 +541,9 @@ pub struct KeyInfo {
 pub struct CoveredKey {
     pub key: String,
     pub refcount: usize,
+    /// `coalesced`: moved here by adaptive coalescing (its own key was stopped);
+    /// `covered`: its own key was not running when asked, and this one covers it.
+    pub why: &'static str,
 }
 
 #[derive(Debug, Serialize)]
@@ -621,12 +630,18 @@ impl Handler<GetDebugKeys> for Registry {
                 objects: e.status.objects.load(Ordering::Relaxed),
                 watchers: e.status.watchers.load(Ordering::Relaxed),
                 covering: {
+                    let coalesced = self.coalescing.get(k).is_some_and(|c| c.label().is_some());
                     let mut c: Vec<CoveredKey> = e
                         .covering
                         .iter()
-                        .map(|(k, n)| CoveredKey {
-                            key: k.to_string(),
+                        .map(|(asked, n)| CoveredKey {
+                            key: asked.to_string(),
                             refcount: *n,
+                            why: if coalesced && coalesce::group_key(asked).as_ref() == Some(k) {
+                                "coalesced"
+                            } else {
+                                "covered"
+                            },
                         })
                         .collect();
                     c.sort_by(|a, b| a.key.cmp(&b.key));
@@ -646,9 +661,16 @@ impl Handler<GetDebugKeys> for Registry {
             })
             .collect();
         keys.sort_by(|a, b| a.key.cmp(&b.key));
+        let mut groups: Vec<GroupInfo> = self
+            .coalescing
+            .iter()
+            .map(|(k, c)| c.info(k, self.now_ms()))
+            .collect();
+        groups.sort_by(|a, b| a.key.cmp(&b.key));
         MessageResult(DebugKeys {
             replica: self.replica.clone(),
             keys,
+            groups,
         })
     }
 }

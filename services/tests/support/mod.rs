@@ -18,6 +18,7 @@
 
 #![allow(dead_code)]
 
+pub mod http;
 pub mod judge;
 pub mod kcache;
 pub mod nats;
