@@ -53,20 +53,13 @@ impl Interest {
         })
     }
 
-    /// The tokens starting with `prefix` that some replica holds a live reference on.
-    pub fn tokens_with_prefix<'a>(
-        &'a self,
-        prefix: &'a str,
-        now_ms: u64,
-        ttl_ms: u64,
-    ) -> impl Iterator<Item = &'a str> + 'a {
+    /// The tokens some replica holds a live reference on (refreshed within `ttl_ms`).
+    pub fn live_tokens(&self, now_ms: u64, ttl_ms: u64) -> impl Iterator<Item = &str> + '_ {
         self.keys
             .iter()
-            .filter(move |(t, by)| {
-                t.starts_with(prefix)
-                    && by
-                        .values()
-                        .any(|(n, seen)| *n > 0 && now_ms.saturating_sub(*seen) <= ttl_ms)
+            .filter(move |(_, by)| {
+                by.values()
+                    .any(|(n, seen)| *n > 0 && now_ms.saturating_sub(*seen) <= ttl_ms)
             })
             .map(|(t, _)| t.as_str())
     }
@@ -85,17 +78,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tokens_under_a_prefix_with_live_references() {
+    fn live_tokens_are_those_with_a_fresh_nonzero_reference() {
         let mut i = Interest::default();
         i.record("a", "v1.secrets.ns.name.x", 1, 0);
         i.record("b", "v1.secrets.ns.name.y", 2, 900);
         i.record("b", "v1.secrets.other.name.z", 1, 900);
-        let mut live: Vec<&str> = i
-            .tokens_with_prefix("v1.secrets.ns.name.", 1_500, 1_000)
-            .collect();
+        i.record("c", "v1.secrets.ns.name.z", 1, 1_400);
+        i.record("c", "v1.secrets.ns.name.z", 0, 1_450);
+        let mut live: Vec<&str> = i.live_tokens(1_500, 1_000).collect();
         live.sort();
-        // a's record is older than the TTL.
-        assert_eq!(live, ["v1.secrets.ns.name.y"]);
+        // a's record is older than the TTL; c withdrew its reference.
+        assert_eq!(live, ["v1.secrets.ns.name.y", "v1.secrets.other.name.z"]);
     }
 
     #[test]

@@ -114,6 +114,26 @@ pub fn member_token_prefix(big: &Key) -> String {
     token[..token.len() - 1].to_string()
 }
 
+/// The inverse of [`member_token_prefix`]: the prefix a small key's token shares with the
+/// other members of its group (a namespaced name key's, a node key's), or `None` for a key
+/// that coalesces into nothing. Lets the registry sort the fleet's tokens into groups in
+/// one pass instead of scanning them once per group.
+pub fn member_group(token: &str) -> Option<&str> {
+    let last = token.rfind('.')?;
+    let mut parts = token[..last].rsplit('.');
+    let (scope, ns) = (parts.next()?, parts.next()?);
+    // Escaped tokens hold no dots: a key token has exactly six.
+    if parts.count() != 3 {
+        return None;
+    }
+    match scope {
+        "node" => Some(&token[..=last]),
+        // `_` is the empty namespace: a cluster-scoped object's name key.
+        "name" if ns != "_" => Some(&token[..=last]),
+        _ => None,
+    }
+}
+
 /// A key as an outside subscriber reads it back from a subject's last six tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParsedKey {
@@ -267,6 +287,10 @@ mod tests {
         Arc::new(ResourceType::new("", "v1", "secrets", "Secret", true))
     }
 
+    fn pods() -> Arc<ResourceType> {
+        Arc::new(ResourceType::new("", "v1", "pods", "Pod", true))
+    }
+
     #[test]
     fn only_the_keys_own_reply_space_is_a_reply_subject() {
         let s = Subjects::new("kcache");
@@ -394,6 +418,70 @@ mod tests {
         assert!(name("ns1", "a.b").starts_with(&prefix));
         assert!(!name("ns10", "a").starts_with(&prefix));
         assert!(!key_token(&ns).starts_with(&prefix));
+    }
+
+    #[test]
+    fn a_members_group_is_the_prefix_its_big_key_gives() {
+        let nodes = Key::new(pods(), Scope::Cluster);
+        let cases = [
+            (
+                Scope::Name {
+                    namespace: Some("ns1".into()),
+                    name: "a.b".into(),
+                },
+                true,
+            ),
+            (
+                Scope::Name {
+                    namespace: Some("_".into()),
+                    name: "x".into(),
+                },
+                true,
+            ),
+            (Scope::Node("node-1.example".into()), true),
+            (
+                Scope::Name {
+                    namespace: None,
+                    name: "a".into(),
+                },
+                false,
+            ),
+            (Scope::Namespace("ns1".into()), false),
+            (Scope::Cluster, false),
+        ];
+        for (scope, member) in cases {
+            let key = Key::new(
+                if matches!(scope, Scope::Node(_)) {
+                    pods()
+                } else {
+                    secrets()
+                },
+                scope,
+            );
+            let token = key_token(&key);
+            let big = match &key.scope {
+                Scope::Node(_) => Some(nodes.clone()),
+                Scope::Name {
+                    namespace: Some(ns),
+                    ..
+                } => Some(Key::new(secrets(), Scope::Namespace(ns.clone()))),
+                _ => None,
+            };
+            assert_eq!(member_group(&token).is_some(), member, "{token}");
+            if let (true, Some(big)) = (member, big) {
+                assert_eq!(
+                    member_group(&token),
+                    Some(member_token_prefix(&big).as_str()),
+                    "{token}"
+                );
+            }
+        }
+        for bad in ["", "a.b", "a.b.c.d.name.e.f", ".....", "a.b.c.d.name."] {
+            // Never a panic; only a six-token name or node token is a member.
+            let _ = member_group(bad);
+        }
+        assert_eq!(member_group("a.b.c.d.name.e.f"), None);
+        assert_eq!(member_group("a.b.c.d.name."), Some("a.b.c.d.name."));
     }
 
     #[test]

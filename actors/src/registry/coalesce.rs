@@ -16,7 +16,7 @@ use super::{Moved, Registry};
 use crate::cached_object::{HandOver, HandedOver};
 use crate::core::coalesce::{self, Decision, Group};
 use crate::core::key::{Key, Scope};
-use crate::core::subject::key_token;
+use crate::core::subject::{key_token, member_token_prefix};
 use crate::metrics as m;
 
 /// How often the registry looks at its namespaces.
@@ -147,15 +147,18 @@ impl Registry {
         }
         let now = self.now_ms();
         let names = self.watched_names();
+        let mut fleet_names = self.fleet.as_ref().map(|f| f.names_by_group());
         let mut groups: HashSet<Key> = names.keys().cloned().collect();
         groups.extend(self.coalescing.keys().cloned());
         let mut saved = 0;
         for ns_key in groups {
             // In a fleet every replica counts the fleet's names, so all reach the same
             // decision; a replica moves only its own watchers.
-            let watched = match &self.fleet {
+            let watched = match &mut fleet_names {
                 Some(fleet) => {
-                    let mut all = fleet.names_under(&ns_key);
+                    let mut all = fleet
+                        .remove(&member_token_prefix(&ns_key))
+                        .unwrap_or_default();
                     all.extend(names.get(&ns_key).into_iter().flatten().map(key_token));
                     all.len()
                 }

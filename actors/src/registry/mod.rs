@@ -86,17 +86,23 @@ impl FleetInterest {
             .others(token, self.gossip.replica(), self.now_ms(), self.ttl_ms())
     }
 
-    /// The small keys of the big key `ns_key` (names of its namespace, or nodes)
-    /// watched anywhere in the fleet, as tokens: keys with references and those covering
-    /// keys serve.
-    fn names_under(&self, ns_key: &Key) -> HashSet<String> {
+    /// The small keys (names of a namespace, nodes) watched anywhere in the fleet, as
+    /// tokens, by their group's member prefix (`subject::member_token_prefix` of the big
+    /// key): keys with references and those covering keys serve. One pass over the
+    /// fleet's tokens per coalescing check, however many groups there are.
+    fn names_by_group(&self) -> HashMap<String, HashSet<String>> {
         let (now, ttl) = (self.now_ms(), self.ttl_ms());
-        let prefix = crate::core::subject::member_token_prefix(ns_key);
-        self.table
-            .tokens_with_prefix(&prefix, now, ttl)
-            .chain(self.covered.tokens_with_prefix(&prefix, now, ttl))
-            .map(str::to_string)
-            .collect()
+        let mut groups: HashMap<String, HashSet<String>> = HashMap::new();
+        let tokens = self.table.live_tokens(now, ttl);
+        for t in tokens.chain(self.covered.live_tokens(now, ttl)) {
+            if let Some(g) = crate::core::subject::member_group(t) {
+                groups
+                    .entry(g.to_string())
+                    .or_default()
+                    .insert(t.to_string());
+            }
+        }
+        groups
     }
 
     /// The fleet's refcount of a key.
