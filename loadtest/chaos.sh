@@ -134,6 +134,11 @@ lease_replicas = 3
 id = "k1"
 file = "$dir/nats-key"
 EOF
+# More settings of the `[cache]` table for every replica (TOML lines), e.g.
+# KCACHE_CHAOS_CACHE='coalesce_min_names = 8' for adaptive coalescing's thresholds.
+if [[ -n ${KCACHE_CHAOS_CACHE:-} ]]; then
+  printf '\n[cache]\n%s\n' "$KCACHE_CHAOS_CACHE" >>"$dir/kcache.toml"
+fi
 # Which NATS URLs each replica gets. `list` (default): all three, comma-separated, as the
 # fleet overlay sets KCACHE_NATS_URL. `one`: replica rN gets node nN's URL alone and learns
 # the other nodes from the cluster (NATS servers advertise their peers to clients).

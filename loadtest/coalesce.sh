@@ -4,7 +4,7 @@
 # three targets, each on fresh processes (loadtest/run.sh: new etcd + kube-apiserver and
 # kcache, pinned):
 #   direct   the API server directly
-#   off      through kcache, coalescing off (cache.coalesce_min_names = 0, the default)
+#   off      through kcache, coalescing off (cache.coalesce_min_names = 0)
 #   on       through kcache, cache.coalesce_min_names = 4 (KCACHE_COALESCE_MIN_NAMES),
 #            other cache.coalesce_* at their defaults
 # then `kcache-coalesce-report` puts them side by side, judges the issue's targets (API

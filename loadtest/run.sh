@@ -27,6 +27,8 @@ cd "$(dirname "$0")/.."
 
 scenario=kubelet
 own_out=
+# Off unless --kcache-coalesce-min-names says otherwise (kcache's own default is 8): the
+# scenarios measure name keys as docs/benchmarks.md records them; `coalesce` sets it.
 coalesce_min_names=0
 prev=
 for a in "$@"; do

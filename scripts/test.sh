@@ -29,3 +29,10 @@ cargo test --workspace --locked -- --test-threads=2
 # restart; fails on any lost, duplicated or going-back event (loadtest/README.md). The
 # debug build: its dependencies are the tests' own, already compiled.
 KCACHE_CHAOS_PROFILE=debug loadtest/chaos.sh --duration 60 --seed "${KCACHE_CHAOS_SEED:-7}"
+# Adaptive coalescing under the same faults, 45 s: reflectors on one replica only, and
+# single-object watches that start one by one during the faults, so the fleet's watched
+# names cross coalesce_min_names (30 of the 40 objects) mid-chaos and name keys' live
+# watchers move onto the namespace key; fails as well if none moved.
+KCACHE_CHAOS_PROFILE=debug KCACHE_CHAOS_NO_BUILD=1 KCACHE_CHAOS_CACHE='coalesce_min_names = 30' \
+  loadtest/chaos.sh --duration 45 --seed "${KCACHE_CHAOS_COALESCE_SEED:-11}" \
+  --reflector-replicas 1 --watches-per-replica 0 --late-watches-per-replica 40 --require-coalescing

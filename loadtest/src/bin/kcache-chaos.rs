@@ -25,6 +25,7 @@ use kube::api::{ListParams, PostParams};
 use kube::Api;
 
 use chaos::clients::{Client, Stall, LOG_CAP};
+use chaos::counters::{Counters, COUNTERS};
 use chaos::etcd::Etcd;
 use chaos::faults::{Env, NatsNode, Replica, Schedule, Sizes};
 use chaos::judge::judge;
@@ -83,9 +84,26 @@ struct Args {
     /// Namespace-wide reflectors per replica.
     #[arg(long, default_value_t = 2)]
     reflectors_per_replica: usize,
+    /// How many replicas (the first ones) have reflectors among their clients; default
+    /// every one. With fewer, the others' single-object watches start name keys, which
+    /// adaptive coalescing folds into the namespace key the reflectors' replicas run
+    /// (fleet-wide: the names are counted across replicas).
+    #[arg(long)]
+    reflector_replicas: Option<usize>,
+    /// Fails the run (as unjudgeable, exit 2) when the replicas counted no coalescing or
+    /// no watcher moved: the soak is then meant to judge watches moved by adaptive
+    /// coalescing under faults, and one where none moved judged none.
+    #[arg(long)]
+    require_coalescing: bool,
     /// Single-object (kubelet-pattern) watches per replica.
     #[arg(long, default_value_t = 50)]
     watches_per_replica: usize,
+    /// More single-object watches per replica, each starting at a seeded random time
+    /// during the faults: names become watched while replicas die and come back, so
+    /// adaptive coalescing crosses its threshold (and moves watchers) under faults, not
+    /// only before them.
+    #[arg(long, default_value_t = 0)]
+    late_watches_per_replica: usize,
     /// Single-object watches straight to the API server (the control, beside one
     /// reflector).
     #[arg(long, default_value_t = 4)]
@@ -121,6 +139,8 @@ fn insecure_http() -> reqwest::Client {
 /// The clients, with the flag saying which are the control.
 struct Fleet {
     clients: Vec<(Client, bool)>,
+    /// The labels of the clients that start during the faults.
+    late: HashSet<String>,
 }
 
 fn log() -> Arc<Log> {
@@ -129,17 +149,25 @@ fn log() -> Arc<Log> {
 
 fn start_clients(
     args: &Args,
+    rng: &mut Rng,
     names: &[String],
     replica_eps: &Arc<Vec<Endpoint>>,
     apiserver_ep: &Arc<Vec<Endpoint>>,
 ) -> Fleet {
     let ns = &args.namespace;
     let mut clients = Vec::new();
+    let mut late = HashSet::new();
     let mut add = |c: Client, control: bool| {
         clients.push((c, control));
     };
+    let with_reflectors = args.reflector_replicas.unwrap_or(names.len());
     for (i, home) in names.iter().enumerate() {
-        for k in 0..args.reflectors_per_replica {
+        let reflectors = if i < with_reflectors {
+            args.reflectors_per_replica
+        } else {
+            0
+        };
+        for k in 0..reflectors {
             let l = log();
             let kube =
                 Failover::new(replica_eps.clone(), i, &args.token, Some(l.clone())).into_client(ns);
@@ -163,6 +191,28 @@ fn start_clients(
                     l,
                     ns,
                     &object,
+                    Duration::ZERO,
+                ),
+                false,
+            );
+        }
+        for k in 0..args.late_watches_per_replica {
+            let object = object_name(rng.below(args.objects.max(1)));
+            let after = Duration::from_millis(rng.range(0, args.duration * 1000));
+            let l = log();
+            let kube =
+                Failover::new(replica_eps.clone(), i, &args.token, Some(l.clone())).into_client(ns);
+            late.insert(format!("{home}/late-{k}-{object}"));
+            add(
+                Client::single(
+                    format!("{home}/late-{k}-{object}"),
+                    home.clone(),
+                    kube,
+                    l,
+                    ns,
+                    &object,
+                    // After the writer and the faults have started (the others' lists).
+                    Duration::from_secs(5) + after,
                 ),
                 false,
             );
@@ -193,11 +243,12 @@ fn start_clients(
                 l,
                 ns,
                 &object,
+                Duration::ZERO,
             ),
             true,
         );
     }
-    Fleet { clients }
+    Fleet { clients, late }
 }
 
 /// The API server's ConfigMaps of the namespace (a consistent list): name → RV.
@@ -260,6 +311,7 @@ async fn run(args: Args) -> Result<Report, BoxError> {
     let mut rng = Rng::new(seed);
     let write_rng = rng.fork(1);
     let fault_rng = rng.fork(2);
+    let mut client_rng = rng.fork(3);
     let http = insecure_http();
     let ns = args.namespace.clone();
 
@@ -339,7 +391,7 @@ async fn run(args: Args) -> Result<Report, BoxError> {
     // --- reference watch, clients, writer.
     let truth = Truth::start(env.etcd.clone(), &ns).await?;
     let names: Vec<String> = replica_args.iter().map(|(n, _)| n.clone()).collect();
-    let fleet = start_clients(&args, &names, &replica_eps, &apiserver_ep);
+    let fleet = start_clients(&args, &mut client_rng, &names, &replica_eps, &apiserver_ep);
     env.stalls = fleet
         .clients
         .iter()
@@ -347,20 +399,22 @@ async fn run(args: Args) -> Result<Report, BoxError> {
         .map(|(c, _)| (c.label.clone(), c.stall.clone()))
         .collect::<Vec<(String, Arc<Stall>)>>();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline && !fleet.clients.iter().all(|(c, _)| c.log.has_listed()) {
+    let listed = |c: &Client| fleet.late.contains(&c.label) || c.log.has_listed();
+    while Instant::now() < deadline && !fleet.clients.iter().all(|(c, _)| listed(c)) {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let mut harness_errors = Vec::new();
-    let unlisted = fleet
-        .clients
-        .iter()
-        .filter(|(c, _)| !c.log.has_listed())
-        .count();
+    let unlisted = fleet.clients.iter().filter(|(c, _)| !listed(c)).count();
     eprintln!(
         "kcache-chaos: {} clients ({} not listed yet) at t={} ms; writing and injecting faults",
         fleet.clients.len(),
         unlisted,
         now_ms()
+    );
+    let counters = Counters::start(
+        http.clone(),
+        replica_args.iter().map(|(_, u)| u.clone()).collect(),
+        args.token.clone(),
     );
     let stop = Arc::new(AtomicBool::new(false));
     let writer = tokio::spawn(
@@ -437,6 +491,14 @@ async fn run(args: Args) -> Result<Report, BoxError> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     for (c, _) in &fleet.clients {
         c.stop();
+    }
+    let counted = counters.finish().await;
+    let count = |name: &str| counted.get(name).copied().unwrap_or(0.0);
+    let (coalesced, moved) = (count(COUNTERS[0]), count(COUNTERS[2]));
+    if args.require_coalescing && (coalesced == 0.0 || moved == 0.0) {
+        harness_errors.push(format!(
+            "--require-coalescing: the replicas counted {coalesced} coalescings and {moved} watchers moved; a soak without both judged nothing of coalescing"
+        ));
     }
     // Stop the fleet gracefully (kcache releases its leases on SIGTERM).
     let mut procs: Vec<&mut Proc> = env.replicas.iter_mut().map(|r| &mut r.proc).collect();
@@ -533,6 +595,7 @@ async fn run(args: Args) -> Result<Report, BoxError> {
         writes,
         settled,
         settle_secs,
+        kcache_counters: counted,
         fault_log,
         heal,
         mismatches,

@@ -208,17 +208,22 @@ impl Client {
         log: Arc<Log>,
         ns: &str,
         name: &str,
+        start_after: Duration,
     ) -> Client {
         let api: Api<ConfigMap> = Api::namespaced(kube, ns);
         let stall = Arc::new(Stall::default());
         let one = Arc::new(Mutex::new(None));
-        let task = tokio::spawn(run_single(
+        let run = run_single(
             api,
             name.to_string(),
             log.clone(),
             stall.clone(),
             one.clone(),
-        ));
+        );
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(start_after).await;
+            run.await
+        });
         Client {
             label,
             home,

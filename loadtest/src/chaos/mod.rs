@@ -9,9 +9,11 @@
 //!   live replica, and the log of what each saw;
 //! - [`writer`]: the create/update/delete load;
 //! - [`procs`], [`faults`]: the processes the soak controls and the faults it injects;
+//! - [`counters`]: kcache's own counters of coalescing and covering, across restarts;
 //! - [`judge`], [`report`]: the verdict.
 
 pub mod clients;
+pub mod counters;
 pub mod etcd;
 pub mod faults;
 pub mod judge;

@@ -92,6 +92,9 @@ pub struct Report {
     pub writes: WriterStats,
     pub settled: bool,
     pub settle_secs: f64,
+    /// kcache's counters of coalescing and covering, summed over the replicas and their
+    /// restarts (`counters`; lower bounds).
+    pub kcache_counters: BTreeMap<&'static str, f64>,
     pub fault_log: Vec<Done>,
     pub heal: Vec<String>,
     pub mismatches: Vec<Mismatch>,
@@ -141,6 +144,12 @@ impl Report {
             k.gone_410,
             k.client_errors
         );
+        let counted: Vec<String> = self
+            .kcache_counters
+            .iter()
+            .map(|(k, v)| format!("{} {v}", k.trim_start_matches("kcache_")))
+            .collect();
+        println!("  kcache counted: {}", counted.join(", "));
         let c = &self.control_clients;
         println!(
             "  control, {} clients straight to the API server: judged {}, lost {}, duplicated {}, went back {}, phantom {}, relists forced {}, mismatches {}",

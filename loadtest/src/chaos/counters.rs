@@ -1,0 +1,158 @@
+//! kcache's own counters of what the soak made it do (coalescings, watchers moved, covered
+//! requests), summed over the replicas across their restarts: each replica's `/metrics`
+//! is read every couple of seconds, and a counter lower than its last reading means the
+//! replica was restarted (kill -9) and counts from zero again. What a replica counted
+//! between its last reading and its death is missed, so the totals are lower bounds.
+//! They say whether the faults met the path under test at all: a soak that never
+//! coalesced judged nothing of coalescing (`--require-coalescing`).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The counters read, by their metric name.
+pub const COUNTERS: [&str; 4] = [
+    "kcache_coalescings_total",
+    "kcache_coalesce_splits_total",
+    "kcache_coalesce_moved_watchers_total",
+    "kcache_covered_requests_total",
+];
+
+/// How often every replica is read.
+const EVERY: Duration = Duration::from_secs(2);
+
+/// One replica's counters: the last reading and the total before it.
+#[derive(Debug, Default, Clone)]
+struct Replica {
+    last: BTreeMap<&'static str, f64>,
+    total: BTreeMap<&'static str, f64>,
+}
+
+impl Replica {
+    /// Takes a reading: what grew since the last one is added; a counter that went down
+    /// started again from zero, so all of it is new.
+    fn read(&mut self, now: &BTreeMap<&'static str, f64>) {
+        for (name, v) in now {
+            let last = self.last.get(name).copied().unwrap_or(0.0);
+            let grew = if *v >= last { v - last } else { *v };
+            *self.total.entry(name).or_default() += grew;
+            self.last.insert(name, *v);
+        }
+    }
+}
+
+/// The sum of every sample of `name` (all label sets) in a Prometheus text page.
+pub fn sum_samples(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            // `name{...} v` or `name v`, not `name_suffix ...`.
+            let value = match rest.chars().next()? {
+                '{' => rest.rsplit_once('}')?.1,
+                ' ' => rest,
+                _ => return None,
+            };
+            value.split_whitespace().next()?.parse::<f64>().ok()
+        })
+        .filter(|v| v.is_finite())
+        .sum()
+}
+
+/// Reads the replicas in the background until stopped.
+pub struct Counters {
+    replicas: Arc<Mutex<Vec<Replica>>>,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Counters {
+    pub fn start(http: reqwest::Client, urls: Vec<String>, token: String) -> Counters {
+        let replicas = Arc::new(Mutex::new(vec![Replica::default(); urls.len()]));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (r, s) = (replicas.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            while !s.load(Ordering::Relaxed) {
+                for (i, url) in urls.iter().enumerate() {
+                    // A replica that is down or paused is read next time.
+                    let Some(text) = metrics(&http, url, &token).await else {
+                        continue;
+                    };
+                    let now = COUNTERS
+                        .iter()
+                        .map(|n| (*n, sum_samples(&text, n)))
+                        .collect();
+                    if let Ok(mut r) = r.lock() {
+                        r[i].read(&now);
+                    }
+                }
+                tokio::time::sleep(EVERY).await;
+            }
+        });
+        Counters {
+            replicas,
+            stop,
+            task,
+        }
+    }
+
+    /// A last reading of every replica, then the totals over all of them.
+    pub async fn finish(self) -> BTreeMap<&'static str, f64> {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = tokio::time::timeout(EVERY * 10, self.task).await;
+        let mut sum = BTreeMap::new();
+        if let Ok(r) = self.replicas.lock() {
+            for rep in r.iter() {
+                for (name, v) in &rep.total {
+                    *sum.entry(*name).or_default() += v;
+                }
+            }
+        }
+        sum
+    }
+}
+
+async fn metrics(http: &reqwest::Client, url: &str, token: &str) -> Option<String> {
+    let resp = http
+        .get(format!("{url}/metrics"))
+        .bearer_auth(token)
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    resp.text().await.ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_every_label_set_of_exactly_that_name() {
+        let text = "# HELP kcache_coalescings_total x\n\
+                    kcache_coalescings_total{group=\"\",resource=\"configmaps\"} 2\n\
+                    kcache_coalescings_total{group=\"apps\",resource=\"x\"} 1.5\n\
+                    kcache_coalescings_total_other 100\n\
+                    kcache_covered_requests_total 7\n";
+        assert_eq!(sum_samples(text, "kcache_coalescings_total"), 3.5);
+        assert_eq!(sum_samples(text, "kcache_covered_requests_total"), 7.0);
+        assert_eq!(sum_samples(text, "missing"), 0.0);
+    }
+
+    #[test]
+    fn a_restart_keeps_what_was_counted_before_it() {
+        let mut r = Replica::default();
+        let at = |v: f64| BTreeMap::from([("c", v)]);
+        r.read(&at(3.0));
+        r.read(&at(5.0));
+        // kill -9: the new process counts from zero.
+        r.read(&at(1.0));
+        r.read(&at(4.0));
+        // 5 before the restart, 4 after it.
+        assert_eq!(r.total["c"], 9.0);
+    }
+}
