@@ -59,7 +59,7 @@ pub struct CacheConfig {
     pub arbiters: usize,
     /// Adaptive coalescing (`core::coalesce`): once this many names of one namespace and
     /// resource are watched, and they are at least `coalesce_fraction` of the namespace's
-    /// objects, one namespace key serves them all. 0 (the default for now) turns it off.
+    /// objects, one namespace key serves them all. 0 turns it off.
     pub coalesce_min_names: usize,
     pub coalesce_fraction: f64,
     /// Split back below this share of the namespace's objects (or below half of
@@ -89,7 +89,9 @@ impl Default for CacheConfig {
             max_keys: 100_000,
             max_keys_per_user: 10_000,
             arbiters: 0,
-            coalesce_min_names: 0,
+            // Below 8 names, the few upstream watches saved are not worth a namespace's
+            // objects in memory and the churn of moving watchers.
+            coalesce_min_names: 8,
             coalesce_fraction: 0.25,
             coalesce_split_fraction: 0.1,
             coalesce_split_after_secs: 300,
