@@ -247,9 +247,20 @@ async fn shutdown_signal() {
     }
 }
 
+/// The log filter when `KCACHE_LOG` is not set: `info`, but actix-web's HTTP/2
+/// dispatcher only from `error`. It warns `Send data error: Error { kind:
+/// User(InactiveStreamId) }` when a response ends (its END_STREAM frame) on a stream the
+/// client already reset or whose connection it closed: nothing was lost and nothing is
+/// wrong with kcache. A watch's body ends on a timeout, a 410 or a drain, and a
+/// cancelled watch is only noticed at its next write (`cache.watch_keepalive_secs`), so
+/// every shutdown drain logged one line per watch whose client left in the last 15 s: at
+/// the end of `loadtest/coalesce.sh`, one per watch, ~64,000 lines hiding the rest of
+/// the log. Its `error` level (a response body that failed) still shows.
+const DEFAULT_LOG_FILTER: &str = "info,actix_http::h2::dispatcher=error";
+
 fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("KCACHE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -257,5 +268,54 @@ fn init_tracing(json: bool) {
         builder.json().init();
     } else {
         builder.init();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DEFAULT_LOG_FILTER;
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    /// Records the target and level of every event that passes the filter.
+    struct Seen(Arc<Mutex<Vec<(String, tracing::Level)>>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Seen {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let m = event.metadata();
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((m.target().to_string(), *m.level()));
+        }
+    }
+
+    #[test]
+    fn the_default_filter_drops_only_the_h2_dispatchers_warnings() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER))
+            .with(Seen(seen.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(target: "actix_http::h2::dispatcher", "Send data error");
+            tracing::error!(target: "actix_http::h2::dispatcher", "Response payload stream error");
+            tracing::warn!(target: "actix_http::h1::dispatcher", "other");
+            tracing::warn!(target: "kcache_actors::source", "upstream request failed");
+            tracing::info!(target: "kcache::server", "shutting down");
+            tracing::debug!(target: "kcache::server", "detail");
+        });
+        let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let want = [
+            ("actix_http::h2::dispatcher", tracing::Level::ERROR),
+            ("actix_http::h1::dispatcher", tracing::Level::WARN),
+            ("kcache_actors::source", tracing::Level::WARN),
+            ("kcache::server", tracing::Level::INFO),
+        ];
+        let want: Vec<_> = want.iter().map(|(t, l)| (t.to_string(), *l)).collect();
+        assert_eq!(seen, want);
     }
 }
