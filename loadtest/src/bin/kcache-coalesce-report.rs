@@ -95,14 +95,31 @@ const SHUTDOWN: &str = "shutting down: readiness off";
 #[derive(Default)]
 struct Levels {
     counts: BTreeMap<&'static str, usize>,
-    messages: BTreeMap<String, usize>,
+    messages: BTreeMap<String, Seen>,
     examples: BTreeMap<&'static str, Vec<String>>,
+}
+
+/// One message: how often, its first line in full (with the fields `message` cuts off,
+/// e.g. `error=`) and the time stamps of its first and last lines — when in the run
+/// they came.
+#[derive(Default)]
+struct Seen {
+    count: usize,
+    first_line: String,
+    first: String,
+    last: String,
 }
 
 impl Levels {
     fn add(&mut self, level: &'static str, line: &str) {
         *self.counts.entry(level).or_default() += 1;
-        *self.messages.entry(message(line)).or_default() += 1;
+        let seen = self.messages.entry(message(line)).or_default();
+        seen.count += 1;
+        if seen.count == 1 {
+            seen.first_line = line.chars().take(400).collect();
+            seen.first = stamp(line);
+        }
+        seen.last = stamp(line);
         let ex = self.examples.entry(level).or_default();
         if ex.len() < 5 {
             ex.push(line.chars().take(400).collect());
@@ -110,13 +127,19 @@ impl Levels {
     }
 
     fn json(self) -> Value {
-        let mut by_count: Vec<(String, usize)> = self.messages.into_iter().collect();
-        by_count.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let mut by_count: Vec<(String, Seen)> = self.messages.into_iter().collect();
+        by_count.sort_by(|a, b| b.1.count.cmp(&a.1.count).then_with(|| a.0.cmp(&b.0)));
         by_count.truncate(20);
         json!({
             "warn": self.counts.get("warn").copied().unwrap_or(0),
             "error": self.counts.get("error").copied().unwrap_or(0),
-            "messages": by_count.into_iter().map(|(m, n)| json!({"count": n, "message": m})).collect::<Vec<_>>(),
+            "messages": by_count.into_iter().map(|(m, s)| json!({
+                "count": s.count,
+                "message": m,
+                "first": s.first,
+                "last": s.last,
+                "first_line": s.first_line,
+            })).collect::<Vec<_>>(),
             "examples": self.examples,
         })
     }
@@ -124,7 +147,8 @@ impl Levels {
 
 /// WARN and ERROR lines of a log (ANSI colour codes removed): counts, the distinct
 /// messages with their counts (the message without its time stamp, cut at its first
-/// `key=` field so one message about many keys counts once), and up to 5 examples per
+/// `key=` field so one message about many keys counts once), the time stamps of their
+/// first and last lines and their first line in full, and up to 5 examples per
 /// level — for the run, and apart from it those from kcache's shutdown on (its last
 /// watchers' streams, the API server stopped at the same time); `None` if the file is not
 /// there.
@@ -170,6 +194,25 @@ fn message(line: &str) -> String {
     };
     let cut = rest.find(" key=").map_or(rest.as_str(), |i| &rest[..i]);
     cut.chars().take(200).collect()
+}
+
+/// A log line's time stamp: tracing's first field, or klog's time (`W1124 06:15:05.123456`).
+fn stamp(line: &str) -> String {
+    let mut fields = line.split_whitespace();
+    if klog_level(line).is_some() {
+        fields.nth(1)
+    } else {
+        fields.next()
+    }
+    .unwrap_or("")
+    .to_string()
+}
+
+/// The `error=` field of a tracing line, if any (to its end: it is the last field kcache
+/// writes), at most 200 characters.
+fn error_field(line: &str) -> Option<String> {
+    let i = line.find(" error=")?;
+    Some(line[i + 1..].chars().take(200).collect())
 }
 
 /// klog's severity letter: `W1124 06:15:05.123456 ...`.
@@ -559,11 +602,17 @@ fn main() -> ExitCode {
         for (when, path) in [("run", "messages"), ("shutdown", "at_shutdown.messages")] {
             let msgs = logs.get(p.name).map(|l| at(&l["kcache"], path));
             for m in msgs.and_then(Value::as_array).into_iter().flatten().take(5) {
+                let error = m["first_line"]
+                    .as_str()
+                    .and_then(error_field)
+                    .map_or(String::new(), |e| format!("; first: `{e}`"));
                 md.push_str(&format!(
-                    "kcache log ({}, {when}): {} × `{}`\n",
+                    "kcache log ({}, {when}): {} × `{}` ({} – {}{error})\n",
                     p.name,
                     m["count"],
-                    m["message"].as_str().unwrap_or("")
+                    m["message"].as_str().unwrap_or(""),
+                    m["first"].as_str().unwrap_or("?"),
+                    m["last"].as_str().unwrap_or("?"),
                 ));
             }
         }
@@ -654,6 +703,36 @@ mod tests {
             message("2026-11-24T06:00:00Z  WARN kcache: slow key=/api/v1/x n=1"),
             "WARN kcache: slow"
         );
+    }
+
+    #[test]
+    fn a_message_keeps_its_first_line_times_and_error() {
+        let mut l = Levels::default();
+        let line = |t: &str, k: &str| {
+            format!("{t}  WARN kcache_actors::source: upstream request failed; backing off key={k} error=upstream watch of {k} failed to start: ServiceError: client error (Connect)")
+        };
+        l.add("warn", &line("2026-11-24T09:32:03.812058Z", "/a"));
+        l.add("warn", &line("2026-11-24T09:32:09.900000Z", "/b"));
+        let j = l.json();
+        let m = &j["messages"][0];
+        assert_eq!(m["count"], 2);
+        assert_eq!(
+            m["message"],
+            "WARN kcache_actors::source: upstream request failed; backing off"
+        );
+        assert_eq!(m["first"], "2026-11-24T09:32:03.812058Z");
+        assert_eq!(m["last"], "2026-11-24T09:32:09.900000Z");
+        assert_eq!(
+            m["first_line"].as_str().and_then(error_field).as_deref(),
+            Some(
+                "error=upstream watch of /a failed to start: ServiceError: client error (Connect)"
+            )
+        );
+        assert_eq!(
+            stamp("W1124 06:15:05.123456   21598 controller.go:152] gone"),
+            "06:15:05.123456"
+        );
+        assert_eq!(error_field("2026-11-24T06:00:00Z  WARN x: y"), None);
     }
 
     #[test]
