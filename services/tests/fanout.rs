@@ -65,9 +65,11 @@ fn spawn_watch(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousand_single_object_watches_share_one_upstream_watch_per_object() {
     let cluster = TestCluster::start().await;
+    // Name keys, as they are without adaptive coalescing (100 watched of 100 would fold
+    // into one namespace key: services/tests/coalescing.rs).
     let k = Kcache::start(
         &cluster,
-        "[cache]\ngrace_period_secs = 2\nwatch_keepalive_secs = 1\n",
+        "[cache]\ngrace_period_secs = 2\nwatch_keepalive_secs = 1\ncoalesce_min_names = 0\n",
     )
     .await;
     let admin = cluster.kube_client().await;
@@ -162,7 +164,12 @@ async fn thousand_single_object_watches_share_one_upstream_watch_per_object() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_watches_share_http2_connections() {
     let cluster = TestCluster::start().await;
-    let k = Kcache::start(&cluster, "[cache]\nupstream_streams_per_connection = 10\n").await;
+    // One name key each (coalescing off: 30 watched of 30 would fold into one key).
+    let k = Kcache::start(
+        &cluster,
+        "[cache]\nupstream_streams_per_connection = 10\ncoalesce_min_names = 0\n",
+    )
+    .await;
     let admin = cluster.kube_client().await;
     support::create_namespace(&admin, "h2").await;
     const KEYS: usize = 30;

@@ -22,6 +22,18 @@ async fn replica(cluster: &TestCluster, nats: &Nats, id: &str, extra_nats: &str)
     Kcache::start_with_args(cluster, &toml, &["--replica-id", id]).await
 }
 
+/// A replica with adaptive coalescing off, for a test that counts one upstream watch per
+/// name key (coalescing across a fleet: services/tests/coalescing.rs).
+async fn name_key_replica(cluster: &TestCluster, nats: &Nats, id: &str) -> Kcache {
+    let toml = fleet_toml(cluster.dir_path(), nats, "").replacen(
+        "[cache]\n",
+        "[cache]\ncoalesce_min_names = 0\n",
+        1,
+    );
+    assert!(toml.contains("coalesce_min_names = 0"), "{toml}");
+    Kcache::start_with_args(cluster, &toml, &["--replica-id", id]).await
+}
+
 fn spawn_watch(
     http: reqwest::Client,
     url: String,
@@ -75,9 +87,9 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
     let nats = Nats::start(cluster.dir_path());
     let sniffed = sniff(nats.client().await);
     let replicas = vec![
-        replica(&cluster, &nats, "a", "").await,
-        replica(&cluster, &nats, "b", "").await,
-        replica(&cluster, &nats, "c", "").await,
+        name_key_replica(&cluster, &nats, "a").await,
+        name_key_replica(&cluster, &nats, "b").await,
+        name_key_replica(&cluster, &nats, "c").await,
     ];
     let admin = cluster.kube_client().await;
     support::create_namespace(&admin, "fleet").await;
