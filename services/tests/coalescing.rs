@@ -203,20 +203,7 @@ async fn watched_names_coalesce_into_their_namespace_and_split_back_without_a_ga
         "{keys:#}"
     );
     let info = k.key_info(&ns_key).await.expect("namespace key");
-    let served: Vec<String> = info["covering"]
-        .as_array()
-        .map(|c| {
-            c.iter()
-                .map(|c| {
-                    format!(
-                        "{} {}",
-                        c["key"].as_str().unwrap_or(""),
-                        c["why"].as_str().unwrap_or("")
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let served = support::kcache::covering(&info);
     let want: Vec<String> = (0..6)
         .map(|i| format!("{ns_key}/cm{i} coalesced"))
         .collect();

@@ -280,3 +280,22 @@ pub fn sum_samples(text: &str, name: &str, label: Option<&str>) -> f64 {
         })
         .sum()
 }
+
+/// What a `/debug/keys` entry serves for other keys: `key why` per `covering` element
+/// (`why`: `covered` or `coalesced`), in the order shown.
+pub fn covering(info: &serde_json::Value) -> Vec<String> {
+    info["covering"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .map(|c| {
+                    format!(
+                        "{} {}",
+                        c["key"].as_str().unwrap_or(""),
+                        c["why"].as_str().unwrap_or("")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
