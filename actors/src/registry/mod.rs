@@ -547,8 +547,10 @@ pub struct KeyInfo {
 pub struct CoveredKey {
     pub key: String,
     pub refcount: usize,
-    /// `coalesced`: moved here by adaptive coalescing (its own key was stopped);
-    /// `covered`: its own key was not running when asked, and this one covers it.
+    /// `coalesced`: adaptive coalescing has this (namespace or cluster) key serve the
+    /// name's or node's requests — its watchers moved here and its own key stopped, or
+    /// they came after that; `covered`: its own key was not running when asked, and this
+    /// one covers it.
     pub why: &'static str,
 }
 
