@@ -11,6 +11,10 @@
 
 #[path = "../chaos/mod.rs"]
 mod chaos;
+// The bench's readers of /metrics (`chaos::counters`); the rest of it is unused here.
+#[allow(dead_code)]
+#[path = "../probe.rs"]
+mod probe;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
@@ -128,12 +132,16 @@ fn pair(s: &str) -> Result<(String, String), BoxError> {
     Ok((a.to_string(), b.to_string()))
 }
 
-fn insecure_http() -> reqwest::Client {
-    reqwest::Client::builder()
+/// A client that trusts the test certificates; its requests give up after `timeout`
+/// when one is given.
+fn insecure_http(timeout: Option<Duration>) -> reqwest::Client {
+    let mut b = reqwest::Client::builder()
         .danger_accept_invalid_certs(true)
-        .connect_timeout(Duration::from_secs(3))
-        .build()
-        .unwrap_or_default()
+        .connect_timeout(Duration::from_secs(3));
+    if let Some(t) = timeout {
+        b = b.timeout(t);
+    }
+    b.build().unwrap_or_default()
 }
 
 /// The clients, with the flag saying which are the control.
@@ -312,7 +320,7 @@ async fn run(args: Args) -> Result<Report, BoxError> {
     let write_rng = rng.fork(1);
     let fault_rng = rng.fork(2);
     let mut client_rng = rng.fork(3);
-    let http = insecure_http();
+    let http = insecure_http(None);
     let ns = args.namespace.clone();
 
     let replica_args: Vec<(String, String)> = args
@@ -412,7 +420,8 @@ async fn run(args: Args) -> Result<Report, BoxError> {
         now_ms()
     );
     let counters = Counters::start(
-        http.clone(),
+        // A paused replica accepts the connection and never answers.
+        insecure_http(Some(Duration::from_secs(2))),
         replica_args.iter().map(|(_, u)| u.clone()).collect(),
         args.token.clone(),
     );

@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::probe::{scrape, sum_samples};
+
 /// The counters read, by their metric name.
 pub const COUNTERS: [&str; 4] = [
     "kcache_coalescings_total",
@@ -42,24 +44,6 @@ impl Replica {
     }
 }
 
-/// The sum of every sample of `name` (all label sets) in a Prometheus text page.
-pub fn sum_samples(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let rest = l.strip_prefix(name)?;
-            // `name{...} v` or `name v`, not `name_suffix ...`.
-            let value = match rest.chars().next()? {
-                '{' => rest.rsplit_once('}')?.1,
-                ' ' => rest,
-                _ => return None,
-            };
-            value.split_whitespace().next()?.parse::<f64>().ok()
-        })
-        .filter(|v| v.is_finite())
-        .sum()
-}
-
 /// Reads the replicas in the background until stopped.
 pub struct Counters {
     replicas: Arc<Mutex<Vec<Replica>>>,
@@ -68,6 +52,8 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// `http` should time out its requests: a paused replica accepts the connection and
+    /// never answers, and the next reading must not wait for it.
     pub fn start(http: reqwest::Client, urls: Vec<String>, token: String) -> Counters {
         let replicas = Arc::new(Mutex::new(vec![Replica::default(); urls.len()]));
         let stop = Arc::new(AtomicBool::new(false));
@@ -76,12 +62,12 @@ impl Counters {
             while !s.load(Ordering::Relaxed) {
                 for (i, url) in urls.iter().enumerate() {
                     // A replica that is down or paused is read next time.
-                    let Some(text) = metrics(&http, url, &token).await else {
+                    let Some(text) = scrape(&http, url, &token).await else {
                         continue;
                     };
                     let now = COUNTERS
                         .iter()
-                        .map(|n| (*n, sum_samples(&text, n)))
+                        .map(|n| (*n, sum_samples(&text, n).unwrap_or(0.0)))
                         .collect();
                     if let Ok(mut r) = r.lock() {
                         r[i].read(&now);
@@ -113,35 +99,9 @@ impl Counters {
     }
 }
 
-async fn metrics(http: &reqwest::Client, url: &str, token: &str) -> Option<String> {
-    let resp = http
-        .get(format!("{url}/metrics"))
-        .bearer_auth(token)
-        .timeout(Duration::from_secs(2))
-        .send()
-        .await
-        .ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    resp.text().await.ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sums_every_label_set_of_exactly_that_name() {
-        let text = "# HELP kcache_coalescings_total x\n\
-                    kcache_coalescings_total{group=\"\",resource=\"configmaps\"} 2\n\
-                    kcache_coalescings_total{group=\"apps\",resource=\"x\"} 1.5\n\
-                    kcache_coalescings_total_other 100\n\
-                    kcache_covered_requests_total 7\n";
-        assert_eq!(sum_samples(text, "kcache_coalescings_total"), 3.5);
-        assert_eq!(sum_samples(text, "kcache_covered_requests_total"), 7.0);
-        assert_eq!(sum_samples(text, "missing"), 0.0);
-    }
 
     #[test]
     fn a_restart_keeps_what_was_counted_before_it() {
