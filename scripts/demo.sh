@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2317  # running/stop/cleanup are called from the EXIT trap
 # Runs kcache for real on this machine:
-#   1. installs what is missing (apt packages; kube-apiserver v1.20.2 + etcd, built once),
+#   1. installs what is missing (apt packages; kube-apiserver, kubectl and etcd of the
+#      reference Kubernetes version, built once from Go modules: scripts/k8s/build.sh),
 #   2. starts a throw-away etcd + kube-apiserver (scripts/start-test-cluster.sh),
 #   3. builds kcache and starts a fleet of ${KCACHE_REPLICAS:-3} replicas in front of it on
 #      https://127.0.0.1:8443, :8444, :8445 … sharing one nats-server (JetStream, token
@@ -19,8 +20,10 @@ port=${KCACHE_PORT:-8443}
 kcache_url=https://127.0.0.1:$port
 
 command -v cargo >/dev/null || { echo "demo: cargo (a Rust toolchain) is required" >&2; exit 1; }
-echo "==> checking prerequisites (first run builds kube-apiserver, ~4 min)"
+echo "==> checking prerequisites (first run builds kube-apiserver, kubectl and etcd, ~12 min)"
 bin=$(scripts/ensure-deps.sh | tail -1)
+# The reference version's kubectl, not whatever else the machine has.
+export PATH="$bin:$PATH"
 
 echo "==> building kcache"
 cargo build --release -p kcache
@@ -122,10 +125,10 @@ kcache is serving ${urls[*]} in front of the API server at $KUBE_URL.
 Tokens: admintoken (cluster-admin), viewertoken (no permissions), node1token (a node).
 
 Watch demo/ticker change every 2 s, served from kcache's cache (any replica):
-  kubectl --server $last --insecure-skip-tls-verify --token admintoken get configmaps -n demo -w
+  $bin/kubectl --server $last --insecure-skip-tls-verify --token admintoken get configmaps -n demo -w
 
 More:
-  kubectl --server $kcache_url --insecure-skip-tls-verify --token admintoken get secrets -n demo
+  $bin/kubectl --server $kcache_url --insecure-skip-tls-verify --token admintoken get secrets -n demo
   curl -sk -H 'Authorization: Bearer admintoken' $last/debug/keys   # role, owner, epoch, seq per key
   curl -sk -H 'Authorization: Bearer admintoken' $kcache_url/metrics | grep -E '^kcache_(fleet|nats|upstream)'
   logs: $KUBE_DIR/kcache-*.log   (KCACHE_KEEP_DEMO_DIR=1 keeps them after exit)

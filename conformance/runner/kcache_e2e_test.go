@@ -1,41 +1,45 @@
-// Package kcachee2e is kcache's own ginkgo entry point into a subset of the Kubernetes
-// 1.20 end-to-end specs: test/e2e/apimachinery (the [sig-api-machinery] specs) and
-// test/e2e/common (which holds the ConfigMap and Secret API specs).
+// Package kcachee2e is kcache's own ginkgo (v2) entry point into Kubernetes' end-to-end
+// specs at the reference version: test/e2e/apimachinery (the [sig-api-machinery] specs,
+// watchlist and consistent-list specs included) and test/e2e/common (which holds the
+// ConfigMap and Secret API specs).
 //
-// scripts/install-e2e-specs.sh copies this directory into the patched Kubernetes source
-// tree (as test/e2e/kcache/) and builds it with `go test -c`. Unlike test/e2e/e2e.go this
-// suite registers no SynchronizedBeforeSuite: it never waits for nodes, system pods or
-// daemonsets, so specs can run against a bare kube-apiserver + etcd.
+// scripts/k8s/build-programs.sh builds it with `go test -c` inside a wrapper module that
+// requires k8s.io/kubernetes at the pinned version (scripts/k8s/versions.env). Unlike
+// test/e2e/e2e.go this suite registers no SynchronizedBeforeSuite: it never waits for
+// nodes, system pods or daemonsets, so specs can run against a bare kube-apiserver + etcd.
 //
 // Run it with e.g.
 //
 //	kcache-e2e.test --provider skeleton --kubeconfig $KUBECONFIG \
 //	  --e2e-verify-service-account=false --delete-namespace=false \
-//	  --report-dir DIR --ginkgo.focus REGEX
+//	  --report-dir DIR --report-prefix NAME --ginkgo.focus REGEX
+//
+// --report-dir makes the framework write DIR/junit_<NAME>01.xml.
 package kcachee2e
 
 import (
 	"flag"
-	"fmt"
-	"math/rand"
 	"os"
-	"path/filepath"
 	"testing"
-	"time"
 
-	"github.com/onsi/ginkgo"
-	ginkgoconfig "github.com/onsi/ginkgo/config"
-	"github.com/onsi/ginkgo/reporters"
+	"github.com/onsi/ginkgo/v2"
 	"github.com/onsi/gomega"
 
-	runtimeutils "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/component-base/logs"
 	"k8s.io/kubernetes/test/e2e/common"
 	"k8s.io/kubernetes/test/e2e/framework"
 	e2econfig "k8s.io/kubernetes/test/e2e/framework/config"
+	"k8s.io/kubernetes/test/e2e/framework/testfiles"
+	e2etestingmanifests "k8s.io/kubernetes/test/e2e/testing-manifests"
+	testfixtures "k8s.io/kubernetes/test/fixtures"
 
 	// Spec packages. Importing a package registers its ginkgo specs.
 	_ "k8s.io/kubernetes/test/e2e/apimachinery"
+	_ "k8s.io/kubernetes/test/e2e/common/node"
+	_ "k8s.io/kubernetes/test/e2e/common/storage"
+
+	// Framework extensions the upstream suite loads too (debug dumps, metrics, node helpers).
+	_ "k8s.io/kubernetes/test/e2e/framework/debug/init"
 
 	// Client auth plugins, in case a kubeconfig uses one.
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
@@ -47,33 +51,18 @@ func TestMain(m *testing.M) {
 	framework.RegisterCommonFlags(flag.CommandLine)
 	framework.RegisterClusterFlags(flag.CommandLine)
 	flag.Parse()
+	testfiles.AddFileSource(e2etestingmanifests.GetE2ETestingManifestsFS())
+	testfiles.AddFileSource(testfixtures.GetTestFixturesFS())
 	framework.AfterReadingAllFlags(&framework.TestContext)
-	// The framework names test namespaces "<base>-<math/rand number>". Unseeded, every
-	// process would try the same names in the same order: with --delete-namespace=false
-	// (namespaces are never finalized without a controller-manager) each run would then
-	// wait 2 s per name already taken, and concurrent runs would keep colliding.
-	rand.Seed(time.Now().UnixNano())
 	os.Exit(m.Run())
 }
 
 func TestKcacheE2E(t *testing.T) {
-	runtimeutils.ReallyCrash = true
 	logs.InitLogs()
 	defer logs.FlushLogs()
 	// Some specs in test/e2e/common behave differently in the node e2e suite.
 	common.CurrentSuite = common.E2E
-
 	gomega.RegisterFailHandler(framework.Fail)
-
-	var extra []ginkgo.Reporter
-	if dir := framework.TestContext.ReportDir; dir != "" {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatalf("creating --report-dir: %v", err)
-		}
-		name := fmt.Sprintf("junit_%s%02d.xml", framework.TestContext.ReportPrefix, ginkgoconfig.GinkgoConfig.ParallelNode)
-		extra = append(extra, reporters.NewJUnitReporter(filepath.Join(dir, name)))
-	}
-	// Ginkgo 1.11 matches --ginkgo.focus/skip against "<description> [Top Level] <spec text>",
-	// so the description must not contain words that specs are selected by.
-	ginkgo.RunSpecsWithDefaultAndCustomReporters(t, "kcache-e2e", extra)
+	suiteConfig, reporterConfig := framework.CreateGinkgoConfig()
+	ginkgo.RunSpecs(t, "kcache-e2e", suiteConfig, reporterConfig)
 }

@@ -54,7 +54,7 @@ fn run(cmd: &mut Command, stdin: &str) -> String {
 }
 
 fn kubectl(cluster: &TestCluster) -> Command {
-    let mut c = Command::new("kubectl");
+    let mut c = support::kubectl_command();
     c.arg("--kubeconfig").arg(&cluster.kubeconfig);
     c
 }
@@ -89,7 +89,7 @@ fn combine(dir: &Path, name: &str, resources: &[&str], components: &[&str]) -> P
 /// policy/v1 (Kubernetes ≥ 1.21, and the only one ≥ 1.25 serves); the test API server is
 /// 1.20, whose v1beta1 has the same fields.
 fn render(dir: &Path) -> String {
-    let out = run(Command::new("kubectl").arg("kustomize").arg(dir), "");
+    let out = run(support::kubectl_command().arg("kustomize").arg(dir), "");
     out.replace(
         "apiVersion: policy/v1\nkind: PodDisruptionBudget",
         "apiVersion: policy/v1beta1\nkind: PodDisruptionBudget",

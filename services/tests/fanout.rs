@@ -75,7 +75,7 @@ async fn thousand_single_object_watches_share_one_upstream_watch_per_object() {
     let admin = cluster.kube_client().await;
     support::create_namespace(&admin, "fan").await;
     create_secrets(&admin, "fan", 100).await;
-    let baseline = cluster.registered_watchers("Secret").await;
+    let baseline = cluster.upstream_watches("secrets").await;
 
     let http = reqwest::Client::builder()
         .danger_accept_invalid_certs(true)
@@ -127,7 +127,7 @@ async fn thousand_single_object_watches_share_one_upstream_watch_per_object() {
     eventually(
         "the API server holds 100 more watchers",
         Duration::from_secs(20),
-        || async { cluster.registered_watchers("Secret").await == baseline + 100 },
+        || async { cluster.upstream_watches("secrets").await == baseline + 100 },
     )
     .await;
 
@@ -154,7 +154,7 @@ async fn thousand_single_object_watches_share_one_upstream_watch_per_object() {
     eventually(
         "the API server's watchers are back to the baseline",
         Duration::from_secs(30),
-        || async { cluster.registered_watchers("Secret").await == baseline },
+        || async { cluster.upstream_watches("secrets").await == baseline },
     )
     .await;
 }
@@ -174,7 +174,7 @@ async fn upstream_watches_share_http2_connections() {
     support::create_namespace(&admin, "h2").await;
     const KEYS: usize = 30;
     create_secrets(&admin, "h2", KEYS).await;
-    let baseline = cluster.registered_watchers("Secret").await;
+    let baseline = cluster.upstream_watches("secrets").await;
     let added = Arc::new(AtomicUsize::new(0));
     let modified = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -204,7 +204,7 @@ async fn upstream_watches_share_http2_connections() {
     eventually(
         "the API server holds one watch per key",
         Duration::from_secs(20),
-        || async { cluster.registered_watchers("Secret").await == baseline + KEYS as u64 },
+        || async { cluster.upstream_watches("secrets").await == baseline + KEYS as u64 },
     )
     .await;
     assert_eq!(k.metric("kcache_upstream_watches").await, KEYS as f64);

@@ -106,7 +106,7 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
             .await
             .expect("create");
     }
-    let baseline = cluster.registered_watchers("Secret").await;
+    let baseline = cluster.upstream_watches("secrets").await;
 
     // 1,200 single-object watches: 12 per secret, 4 on each replica.
     let http = reqwest::Client::builder()
@@ -165,7 +165,7 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
     eventually(
         "the API server holds 100 more Secret watchers, not 300 or 1,200",
         Duration::from_secs(30),
-        || async { cluster.registered_watchers("Secret").await == baseline + 100 },
+        || async { cluster.upstream_watches("secrets").await == baseline + 100 },
     )
     .await;
     // Exactly one owner per key, and the owner sees the fleet's 12 references (interest
@@ -301,7 +301,7 @@ async fn three_replicas_hold_one_upstream_watch_per_key_and_seal_secrets() {
     eventually(
         "the API server's Secret watchers are back to the baseline",
         Duration::from_secs(60),
-        || async { cluster.registered_watchers("Secret").await == baseline },
+        || async { cluster.upstream_watches("secrets").await == baseline },
     )
     .await;
 }

@@ -6,7 +6,7 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -290,7 +290,7 @@ async fn initial_events_beyond_the_buffer_stream_at_the_clients_pace() {
     }
 
     // kubectl get -w: the list, then the watch picks up a change.
-    let mut kubectl = Command::new("kubectl")
+    let mut kubectl = support::kubectl_command()
         .args(["--server", &kc.url, "--token", ADMIN_TOKEN])
         .args([
             "--insecure-skip-tls-verify",

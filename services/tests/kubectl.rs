@@ -9,7 +9,7 @@ use support::kcache::Kcache;
 use support::{eventually, TestCluster};
 
 fn kubectl(server: &str, args: &[&str]) -> (bool, String, String) {
-    let mut cmd = Command::new("kubectl");
+    let mut cmd = support::kubectl_command();
     cmd.args(["--server", server, "--token", "admintoken"]);
     // Both kcache and the test API server serve self-signed certificates.
     cmd.arg("--insecure-skip-tls-verify");
@@ -84,7 +84,7 @@ async fn kubectl_against_kcache_matches_the_api_server() {
     assert_eq!(a, b);
 
     // A watch through kcache sees a write made through kcache.
-    let mut watch = Command::new("kubectl")
+    let mut watch = support::kubectl_command()
         .args([
             "--server",
             ks,
@@ -236,7 +236,7 @@ async fn serves_https_with_http2_and_a_provided_certificate() {
     .await;
     let ca = dir.join("ca.crt").display().to_string();
     // kubectl verifying kcache's certificate against the CA.
-    let out = Command::new("kubectl")
+    let out = support::kubectl_command()
         .args([
             "--server",
             &k.url,

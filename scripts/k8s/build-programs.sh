@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds kcache's Go judges at a Kubernetes version, from Go modules only, into the same
+# PREFIX/VERSION/bin as scripts/k8s/build.sh:
+#   kcache-e2e.test     Kubernetes' own e2e specs (test/e2e/apimachinery, test/e2e/common/...)
+#                       through kcache's ginkgo entry point conformance/runner/
+#   kcache-pb-informer  a client-go informer speaking protobuf only (conformance/informer/)
+# Each program's source is the project's; the go.mod is a wrapper module made here for the
+# version (scripts/k8s/lib.sh), so the same source builds against the reference and the
+# second version.
+#
+# Usage: scripts/k8s/build-programs.sh [reference|second|vX.Y.Z] [PREFIX]
+# Idempotent: the stamp PREFIX/VERSION/PROGRAMS-INFO records a hash of conformance/'s Go
+# sources and these scripts; while it matches, only the e2e runner's path is printed (the
+# last line). Log: PREFIX/VERSION/programs.log.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+src=$(cd "$here/../../conformance" && pwd)
+# shellcheck source=scripts/k8s/lib.sh
+source "$here/lib.sh"
+# shellcheck source=scripts/as-root.sh
+source "$here/../as-root.sh"
+k8s_resolve "${1:-reference}"
+prefix=${2:-${K8S_TESTENV:-/opt/k8s-testenv}}
+dest=$prefix/$version
+bin=$dest/bin
+stamp=$dest/PROGRAMS-INFO
+programs=(runner informer)
+hash=$( (cd "$src" && find "${programs[@]}" -type f -print0 | LC_ALL=C sort -z | xargs -0 cat;
+  cat "$here/build-programs.sh" "$here/lib.sh" "$here/versions.env") | sha256sum | cut -c1-16)
+if [[ -x $bin/kcache-e2e.test && -x $bin/kcache-pb-informer ]] && grep -qs "sha256 $hash" "$stamp"; then
+  echo "$bin/kcache-e2e.test"
+  exit 0
+fi
+command -v go >/dev/null || { echo "build-programs.sh: needs Go" >&2; exit 1; }
+ensure_dir "$bin"
+log=$dest/programs.log
+: >"$log"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+start=$SECONDS
+export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+fail() { tail -40 "$log" >&2; echo "build-programs.sh: $1 failed (log: $log)" >&2; exit 1; }
+cd "$work"
+k8s_wrapper_gomod kcache.local/judges >go.mod
+for p in "${programs[@]}"; do cp -r "$src/$p" "$work/$p"; done
+ldflags=$(k8s_ldflags)
+echo "build-programs.sh: building the e2e specs and client programs at $version (first time ~10 min on 2 cores), log: $log" >&2
+go test -c -trimpath -ldflags "$ldflags" -o "$work/kcache-e2e.test" ./runner >>"$log" 2>&1 || fail kcache-e2e.test
+go build -trimpath -ldflags "$ldflags" -o "$work/kcache-pb-informer" ./informer >>"$log" 2>&1 || fail kcache-pb-informer
+install -m 0755 "$work/kcache-e2e.test" "$work/kcache-pb-informer" "$bin/"
+echo "kcache-e2e.test, kcache-pb-informer at $version (Go modules), $(go env GOVERSION), sha256 $hash" >"$stamp"
+echo "build-programs.sh: built in $((SECONDS - start)) s" >&2
+echo "$bin/kcache-e2e.test"
