@@ -50,6 +50,14 @@ pub fn describe() {
     }
     describe_gauge!(REGISTERED_WATCHERS, "Downstream watches open, by resource.");
     describe_gauge!(
+        UPSTREAM_VERSION_SUPPORTED,
+        "1 when the upstream API server's version is within the supported range (the reference Kubernetes version and the two minors before it), 0 outside it or unreadable (absent until the upstream first answered)."
+    );
+    describe_gauge!(
+        UPSTREAM_INFO,
+        "1, labelled with the upstream API server's gitVersion."
+    );
+    describe_gauge!(
         UPSTREAM_CUT_OFF,
         "1 while every upstream request has failed for longer than [nats] owner_cutoff_ms (the replica can serve nothing fresh of its own)."
     );
@@ -156,6 +164,8 @@ pub const FLEET_OVERSIZED: &str = "kcache_fleet_oversized_messages_total";
 pub const FLEET_REJECTED: &str = "kcache_fleet_rejected_messages_total";
 pub const FLEET_PEERS_GONE: &str = "kcache_fleet_peers_gone_total";
 pub const UPSTREAM_CUT_OFF: &str = "kcache_upstream_cut_off";
+pub const UPSTREAM_VERSION_SUPPORTED: &str = "kcache_upstream_version_supported";
+pub const UPSTREAM_INFO: &str = "kcache_upstream_info";
 
 /// Describes the fan-out metrics (only registered when kcache runs with `--nats`).
 pub fn describe_fleet() {

@@ -276,16 +276,33 @@ proptest! {
         sie in prop::option::of(any::<bool>()),
         bookmarks in any::<bool>(),
     ) {
-        let (Ok(rv), Ok(m)) = (Rv::parse(rv_s.as_deref()), RvMatch::parse(m)) else { return Ok(()) };
-        if let Ok(plan) = plan_list(rv, m, limit, cont) {
-            if cont || m == Some(RvMatch::Exact) || rv == Rv::Unset {
-                prop_assert_eq!(plan, rv::ListPlan::Upstream);
+        let Ok(rv) = Rv::parse(rv_s.as_deref()) else { return Ok(()) };
+        for watch in [false, true] {
+            let opts = rv::ListOptions {
+                watch,
+                resource_version: rv_s.as_deref(),
+                resource_version_match: m,
+                has_continue: cont,
+                send_initial_events: sie,
+            };
+            if rv::validate(&opts).is_err() {
+                continue;
             }
-        }
-        if let Ok(w) = plan_watch(rv, m, sie, bookmarks) {
-            // The initial-events-end bookmark is only ever promised with bookmarks allowed.
-            prop_assert!(!w.initial_events_end_bookmark || bookmarks);
-            prop_assert_eq!(w.from_rv, rv.floor());
+            let parsed = RvMatch::parse(m);
+            if watch {
+                // What validation lets through: no match, or NotOlderThan with sendInitialEvents.
+                prop_assert!(parsed.is_none() || (parsed == Some(RvMatch::NotOlderThan) && sie.is_some()));
+                let w = plan_watch(rv, sie, bookmarks);
+                // The initial-events-end bookmark is only ever promised with bookmarks allowed.
+                prop_assert!(!w.initial_events_end_bookmark || bookmarks);
+                prop_assert_eq!(w.from_rv, rv.floor());
+            } else {
+                prop_assert!(sie.is_none());
+                let plan = plan_list(rv, parsed, limit, cont);
+                if cont || parsed == Some(RvMatch::Exact) || rv == Rv::Unset {
+                    prop_assert_eq!(plan, rv::ListPlan::Upstream);
+                }
+            }
         }
     }
 

@@ -357,8 +357,7 @@ async fn serve_cached(
     };
     // A GET by name decodes only `resourceVersion` (GetOptions): selectors, limits, watch
     // and resourceVersionMatch are ignored, as upstream.
-    let plan =
-        plan_list(q.rv()?, None, None, false).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let plan = plan_list(q.watch_or_get_rv()?, None, None, false);
     let ListPlan::Cache { min_rv } = plan else {
         return Ok(Served::Forward("rv"));
     };
@@ -471,7 +470,7 @@ async fn list_or_watch(
     let label = LabelSelector::parse(&q.label_selector)
         .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?;
     let field = FieldSelector::parse(&q.field_selector)
-        .map_err(|e| ApiError::bad_request(format!("invalid field selector: {e}")))?;
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let limit = q.limit()?;
     let timeout = q.timeout_seconds()?;
     let servable = field
@@ -498,8 +497,15 @@ async fn list_or_watch(
         .await
         .map(Served::Response);
     }
-    let plan = plan_list(q.rv()?, q.rv_match()?, limit, q.continue_token.is_some())
-        .map_err(ApiError::invalid_list_options)?;
+    // As the API server: ListOptions validation (422), then the storage's parse of the
+    // resourceVersion (400 for a list).
+    q.validate_list_options(false)?;
+    let plan = plan_list(
+        q.list_rv()?,
+        q.rv_match(),
+        limit,
+        q.continue_token.is_some(),
+    );
     let ListPlan::Cache { min_rv } = plan else {
         return Ok(Served::Forward("rv"));
     };
@@ -650,13 +656,14 @@ async fn watch(
     include: IncludeObject,
     permit: crate::limits::WatchPermit,
 ) -> Result<HttpResponse, ApiError> {
+    // As the API server: ListOptions validation (422), then the storage's parse of the
+    // resourceVersion (500 for a watch).
+    q.validate_list_options(true)?;
     let plan = plan_watch(
-        q.rv()?,
-        q.rv_match()?,
+        q.watch_or_get_rv()?,
         q.send_initial_events(),
         q.allow_watch_bookmarks(),
-    )
-    .map_err(ApiError::invalid_list_options)?;
+    );
     // As the API server: `time.Duration(timeoutSeconds) * time.Second`, in Go's wrapping
     // int64 nanoseconds; zero (or absent) is --min-request-timeout × [1, 2), and a
     // negative one ends the watch at once (a Go timer fires at once for it).

@@ -209,7 +209,11 @@ pub fn forbidden(user: &UserInfo, attrs: &Attributes, reason: &str) -> ApiError 
         ..
     } = attrs
     {
-        let mut details = serde_json::json!({"group": group, "kind": resource});
+        // As the API server's Status: empty fields are omitted (Go's `omitempty`).
+        let mut details = serde_json::json!({"kind": resource});
+        if !group.is_empty() {
+            details["group"] = serde_json::json!(group);
+        }
         if !name.is_empty() {
             details["name"] = serde_json::json!(name);
         }

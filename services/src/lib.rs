@@ -10,6 +10,7 @@
 //! - [`status`]: Kubernetes `Status` errors.
 //! - [`tls`]: serving certificates.
 //! - [`hangup`]: clients that left while their response was idle.
+//! - [`upstream_version`]: the supported upstream Kubernetes versions, said at start.
 
 pub mod api;
 pub mod audit;
@@ -28,3 +29,4 @@ pub mod status;
 pub mod table;
 pub mod tls;
 pub mod ttl_cache;
+pub mod upstream_version;

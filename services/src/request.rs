@@ -213,9 +213,21 @@ fn go_bool(v: Option<&str>) -> Option<bool> {
 
 /// An integer parameter as the API server converts one (`strconv.ParseInt(v, 10, 64)`:
 /// an optional sign and decimal digits; empty is an error).
-fn go_int(name: &str, v: &str) -> Result<i64, ApiError> {
-    v.parse::<i64>()
-        .map_err(|_| invalid(name, v, "not a 64-bit decimal integer"))
+/// As Go's `strconv.ParseInt(v, 10, 64)`, whose error is the API server's whole message
+/// for a query integer that does not decode (400).
+fn go_int(_name: &str, v: &str) -> Result<i64, ApiError> {
+    v.parse::<i64>().map_err(|e| {
+        let why = match e.kind() {
+            std::num::IntErrorKind::PosOverflow | std::num::IntErrorKind::NegOverflow => {
+                "value out of range"
+            }
+            _ => "invalid syntax",
+        };
+        ApiError::bad_request(format!(
+            "strconv.ParseInt: parsing {}: {why}",
+            kcache_actors::core::rv::go_quote(v)
+        ))
+    })
 }
 
 pub fn parse_query(q: &str) -> Query {
@@ -329,14 +341,35 @@ impl Query {
             && kcache_actors::core::selector::FieldSelector::parse(&self.field_selector).is_ok()
     }
 
-    pub fn rv(&self) -> Result<Rv, ApiError> {
+    /// `resourceVersion` as a list reads it: a value that does not parse is the API
+    /// server's 400 "invalid resource version".
+    pub fn list_rv(&self) -> Result<Rv, ApiError> {
         Rv::parse(self.resource_version.as_deref())
-            .map_err(|e| ApiError::bad_request(e.to_string()))
+            .map_err(|e| ApiError::bad_request(format!("invalid resource version: {e}")))
     }
 
-    pub fn rv_match(&self) -> Result<Option<RvMatch>, ApiError> {
+    /// `resourceVersion` as a watch or a get by name reads it: a value that does not
+    /// parse is the API server's 500 (its storage error, with no reason).
+    pub fn watch_or_get_rv(&self) -> Result<Rv, ApiError> {
+        Rv::parse(self.resource_version.as_deref()).map_err(|e| ApiError::internal(e.to_string()))
+    }
+
+    /// `resourceVersionMatch` once [`Query::validate_list_options`] accepted it.
+    pub fn rv_match(&self) -> Option<RvMatch> {
         RvMatch::parse(self.resource_version_match.as_deref())
-            .map_err(ApiError::invalid_list_options)
+    }
+
+    /// The API server's `ValidateListOptions` of this query as a list (`watch` false) or a
+    /// watch: 422 Invalid with its messages.
+    pub fn validate_list_options(&self, watch: bool) -> Result<(), ApiError> {
+        kcache_actors::core::rv::validate(&kcache_actors::core::rv::ListOptions {
+            watch,
+            resource_version: self.resource_version.as_deref(),
+            resource_version_match: self.resource_version_match.as_deref(),
+            has_continue: self.continue_token.is_some(),
+            send_initial_events: self.send_initial_events(),
+        })
+        .map_err(ApiError::invalid_list_options)
     }
 }
 
@@ -561,8 +594,13 @@ mod tests {
         assert!(!parse_query("labelSelector=a%20in%20(").list_options_decode());
         assert!(parse_query("labelSelector=a&watch=maybe").list_options_decode());
         let q = parse_query("resourceVersion=abc");
-        assert_eq!(q.rv().expect_err("bad rv").code, 400);
+        assert_eq!(q.list_rv().expect_err("bad rv").code, 400);
+        assert_eq!(q.watch_or_get_rv().expect_err("bad rv").code, 500);
         let q = parse_query("resourceVersion=5&resourceVersionMatch=Sometimes");
-        assert_eq!(q.rv_match().expect_err("bad match").code, 422);
+        assert_eq!(
+            q.validate_list_options(false).expect_err("bad match").code,
+            422
+        );
+        assert_eq!(q.rv_match(), None);
     }
 }

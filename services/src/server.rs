@@ -324,6 +324,8 @@ async fn start_up(
     wanted: &[kcache_actors::core::key::ResourceType],
 ) -> Result<(crate::discovery::Resources, bool), Box<dyn std::error::Error + Send + Sync>> {
     let resources = crate::discovery::resolve(client, wanted).await?;
+    let version = client.apiserver_version().await?;
+    crate::upstream_version::report(&version.git_version);
     let req = http::Request::get("/api").body(kube::client::Body::empty())?;
     let status = anonymous.send(req).await?.status();
     if status.is_server_error() {

@@ -31,25 +31,45 @@ impl ApiError {
     }
 
     /// A query whose `ListOptions` fail the API server's validation
-    /// (`ValidateListOptions`): 422 Invalid, kind ListOptions.
-    pub fn invalid_list_options(message: impl std::fmt::Display) -> Self {
+    /// (`ValidateListOptions`): 422 Invalid, kind ListOptions, a cause per field error
+    /// (`errors.NewInvalid`).
+    pub fn invalid_list_options(error: kcache_actors::core::rv::Error) -> Self {
         let mut e = Self::new(
             422,
             "Invalid",
-            format!("ListOptions.meta.k8s.io \"\" is invalid: {message}"),
+            format!("ListOptions.meta.k8s.io \"\" is invalid: {error}"),
         );
-        e.details = Some(json!({"group": "meta.k8s.io", "kind": "ListOptions"}));
+        let mut details = json!({"group": "meta.k8s.io", "kind": "ListOptions"});
+        if let kcache_actors::core::rv::Error::Invalid(errs) = &error {
+            details["causes"] = errs
+                .iter()
+                .map(|f| json!({"reason": f.reason(), "message": f.body(), "field": f.field()}))
+                .collect();
+        }
+        e.details = Some(details);
         e
+    }
+
+    /// The API server's answer to a storage error it has no reason for: 500, and a
+    /// Status without `reason` (as it answers a watch or get whose resourceVersion does
+    /// not parse).
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(500, "", message)
     }
 
     pub fn unauthorized() -> Self {
         Self::new(401, "Unauthorized", "Unauthorized")
     }
 
-    /// `secrets "x" not found`, with the details the API server adds.
+    /// `secrets "x" not found`, with the details the API server adds (`group` only when
+    /// there is one: the core group's is omitted, as Go's `omitempty` does).
     pub fn not_found(group: &str, resource: &str, name: &str) -> Self {
         let mut e = Self::new(404, "NotFound", format!("{resource} \"{name}\" not found"));
-        e.details = Some(json!({"name": name, "group": group, "kind": resource}));
+        let mut details = json!({"name": name, "kind": resource});
+        if !group.is_empty() {
+            details["group"] = json!(group);
+        }
+        e.details = Some(details);
         e
     }
 
@@ -86,6 +106,11 @@ impl ApiError {
             "reason": self.reason,
             "code": self.code,
         });
+        if self.reason.is_empty() {
+            if let Some(m) = s.as_object_mut() {
+                m.remove("reason");
+            }
+        }
         if let Some(d) = &self.details {
             s["details"] = d.clone();
         }

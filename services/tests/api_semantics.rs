@@ -37,10 +37,19 @@ async fn bad_input_gets_status_codes_and_kcache_keeps_serving() {
         ("/api/v1/namespaces/default/secrets?resourceVersion=0&labelSelector=!!x", Some(TOKEN), 400),
         ("/api/v1/namespaces/default/secrets?resourceVersion=0&fieldSelector=spec.nodeName%3Dx", Some(TOKEN), 400),
         ("/api/v1/namespaces/default/secrets?watch=1&fieldSelector=bogus", Some(TOKEN), 400),
-        ("/api/v1/namespaces/default/secrets?watch=1&resourceVersion=abc", Some(TOKEN), 400),
+        // A resourceVersion that is not a number: the storage's error, 500 for a watch (and a
+        // get by name), 400 for a list.
+        ("/api/v1/namespaces/default/secrets?watch=1&resourceVersion=abc", Some(TOKEN), 500),
+        ("/api/v1/namespaces/default/secrets/s0?resourceVersion=abc", Some(TOKEN), 500),
         ("/api/v1/namespaces/default/secrets?resourceVersion=abc", Some(TOKEN), 400),
+        ("/api/v1/namespaces/default/secrets?resourceVersion=99999999999999999999999", Some(TOKEN), 400),
+        // ListOptions validation: 422, every error in one message.
         ("/api/v1/namespaces/default/secrets?watch=1&resourceVersion=0&resourceVersionMatch=NotOlderThan", Some(TOKEN), 422),
-        ("/api/v1/namespaces/default/secrets?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan", Some(TOKEN), 422),
+        ("/api/v1/namespaces/default/secrets?watch=1&sendInitialEvents=true", Some(TOKEN), 422),
+        ("/api/v1/namespaces/default/secrets?watch=1&sendInitialEvents=true&resourceVersionMatch=Exact&resourceVersion=1", Some(TOKEN), 422),
+        ("/api/v1/namespaces/default/secrets?watch=1&resourceVersion=abc&resourceVersionMatch=Bogus", Some(TOKEN), 422),
+        ("/api/v1/namespaces/default/secrets?resourceVersionMatch=Bogus", Some(TOKEN), 422),
+        ("/api/v1/namespaces/default/secrets?resourceVersion=0&sendInitialEvents=false", Some(TOKEN), 422),
         ("/api/v1/namespaces/default/secrets?watch=1&timeoutSeconds=x", Some(TOKEN), 400),
         ("/api/v1/namespaces/default/secrets?resourceVersion=0&limit=", Some(TOKEN), 400),
         ("/api/v1/namespaces/default/secrets?resourceVersion=0&fieldSelector=involvedObject.name%3Dx", Some(TOKEN), 400),
@@ -49,21 +58,31 @@ async fn bad_input_gets_status_codes_and_kcache_keeps_serving() {
         ("/api/v1/namespaces/default/frobnicators", Some(TOKEN), 404),
         ("/api/v1/namespaces/default/secrets/missing?resourceVersion=0", Some(TOKEN), 404),
     ];
+    // Every difference at once, so one run shows them all.
+    let mut differences = Vec::new();
     for (path, token, want) in cases {
         let (code, body) = http.get(path, token).await;
         assert_eq!(code, want, "{path}: {body}");
         assert_eq!(body["kind"], "Status", "{path}: {body}");
         assert_eq!(body["code"], want, "{path}: {body}");
-        // The API server's answer to the same request. A resourceVersion that is not a
-        // number is its 500 (docs/security.md: differences from the API server).
-        let (upstream, _) = Http::new(&cluster.url).get(path, token).await;
-        let want_upstream = if path.contains("resourceVersion=abc") {
-            500
-        } else {
-            want
-        };
-        assert_eq!(upstream, want_upstream, "API server: {path}");
+        // The API server's answer to the same request: the same code, the same words.
+        let (upstream, upstream_body) = Http::new(&cluster.url).get(path, token).await;
+        assert_eq!(upstream, want, "API server: {path}: {upstream_body}");
+        for field in ["message", "reason", "details"] {
+            if body[field] != upstream_body[field] {
+                differences.push(format!(
+                    "{path}: {field}\n  kcache:     {}\n  API server: {}",
+                    body[field], upstream_body[field]
+                ));
+            }
+        }
     }
+    assert!(
+        differences.is_empty(),
+        "{} differences from the API server:\n{}",
+        differences.len(),
+        differences.join("\n")
+    );
     // Answered as the API server converts parameters: any value but 0/false turns a watch
     // on, a negative timeoutSeconds ends it at once, a negative limit is no limit, and a
     // pair with `;` is dropped (Go's query parser).

@@ -48,8 +48,11 @@ proptest! {
     #[test]
     fn query_parse_never_panics(s in "\\PC{0,200}") {
         let q = parse_query(&s);
-        let _ = q.rv();
+        let _ = q.list_rv();
+        let _ = q.watch_or_get_rv();
         let _ = q.rv_match();
+        let _ = q.validate_list_options(false);
+        let _ = q.validate_list_options(true);
     }
 
     #[test]

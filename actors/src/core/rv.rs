@@ -1,36 +1,123 @@
-//! resourceVersion rules of kube-apiserver 1.20 with its watch cache: parsing, validation,
-//! and the serve-from-cache / wait / forward decisions for lists and watches.
+//! resourceVersion rules of the reference kube-apiserver (1.37) with its watch cache:
+//! parsing, `ListOptions` validation, and the serve-from-cache / wait / forward decisions
+//! for lists and watches.
 //!
-//! Reproduces `cacher.go` `shouldDelegateList`, `ValidateListOptions` and
-//! `watch_cache.go` `waitUntilFreshAndBlock`, as plain functions tested by tables.
+//! Reproduces apimachinery's `ValidateListOptions` (messages included), `cacher.go`
+//! `shouldDelegateList` and `Watch` (`getWatchCacheResourceVersion`,
+//! `getAllEventsSinceLocked`), and `watch_cache.go` `waitUntilFreshAndBlock`, as plain
+//! functions tested by tables.
 
 use thiserror::Error;
 
-/// Errors are client errors (HTTP 400) unless said otherwise.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum Error {
-    /// 1.20 answers a non-numeric RV with a 500; kcache says what is wrong with a 400.
-    #[error("invalid resourceVersion {0:?}: must be a non-negative integer")]
+    /// The storage layer's parse of a resourceVersion (`APIObjectVersioner`): a list
+    /// answers it as 400 "invalid resource version: …", a watch as a 500 (both as the
+    /// API server does).
+    #[error("resourceVersion: Invalid value: {}: strconv.ParseUint: parsing {}: {}", go_quote(.0), go_quote(.0), if .0.bytes().all(|b| b.is_ascii_digit()) { "value out of range" } else { "invalid syntax" })]
     InvalidResourceVersion(String),
-    #[error("invalid resourceVersionMatch {0:?}: supported values: \"Exact\", \"NotOlderThan\"")]
-    InvalidMatch(String),
-    #[error("resourceVersionMatch is forbidden unless resourceVersion is provided")]
-    MatchWithoutResourceVersion,
-    #[error("resourceVersionMatch \"Exact\" is forbidden for resourceVersion \"0\"")]
-    ExactZero,
-    #[error("resourceVersionMatch is forbidden when continue is provided")]
-    MatchWithContinue,
-    #[error("resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided")]
-    MatchOnWatch,
-    #[error("sendInitialEvents is forbidden for list")]
-    SendInitialEventsOnList,
-    #[error("sendInitialEvents=true requires resourceVersionMatch=NotOlderThan and allowWatchBookmarks=true")]
-    SendInitialEventsNeedsNotOlderThan,
+    /// `ValidateListOptions` failed: 422 Invalid, one or more field errors.
+    #[error("{}", invalid_message(.0))]
+    Invalid(Vec<FieldError>),
     #[error("invalid boolean {value:?} for {param}")]
     InvalidBool { param: &'static str, value: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// One field error of `ValidateListOptions`, printed as apimachinery's `field.Error`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FieldError {
+    Forbidden {
+        field: &'static str,
+        detail: &'static str,
+    },
+    NotSupported {
+        field: &'static str,
+        value: String,
+        supported: &'static [&'static str],
+    },
+}
+
+impl FieldError {
+    /// The field the error is about (`StatusCause.field`).
+    pub fn field(&self) -> &'static str {
+        match self {
+            FieldError::Forbidden { field, .. } | FieldError::NotSupported { field, .. } => field,
+        }
+    }
+
+    /// The cause's reason as the API server's `Status` names it (`StatusCause.reason`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            FieldError::Forbidden { .. } => "FieldValueForbidden",
+            FieldError::NotSupported { .. } => "FieldValueNotSupported",
+        }
+    }
+
+    /// The error without its field (`field.Error.ErrorBody`, `StatusCause.message`).
+    pub fn body(&self) -> String {
+        match self {
+            FieldError::Forbidden { detail, .. } => format!("Forbidden: {detail}"),
+            FieldError::NotSupported {
+                value, supported, ..
+            } => {
+                let list: Vec<String> = supported.iter().map(|s| go_quote(s)).collect();
+                format!(
+                    "Unsupported value: {}: supported values: {}",
+                    go_quote(value),
+                    list.join(", ")
+                )
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field(), self.body())
+    }
+}
+
+/// apimachinery's `ErrorList.ToAggregate()` as `NewInvalid` prints it: one error alone,
+/// several in brackets.
+fn invalid_message(errs: &[FieldError]) -> String {
+    match errs {
+        [one] => one.to_string(),
+        many => {
+            let parts: Vec<String> = many.iter().map(ToString::to_string).collect();
+            format!("[{}]", parts.join(", "))
+        }
+    }
+}
+
+/// Go's `%q` of a string: double-quoted, with `\\`, `\"`, and escapes for control
+/// characters and invalid UTF-8 (the input here is valid UTF-8; printable non-ASCII
+/// stays as is, as `strconv.Quote` keeps printable runes).
+pub fn go_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\u{b}' => out.push_str("\\v"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
 
 /// The `resourceVersion` query parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +131,8 @@ pub enum Rv {
 }
 
 impl Rv {
+    /// As the API server's `ParseResourceVersion` (Go's `ParseUint`, base 10: digits
+    /// only, no sign, at most `u64::MAX`).
     pub fn parse(s: Option<&str>) -> Result<Self> {
         match s {
             None | Some("") => Ok(Rv::Unset),
@@ -68,7 +157,7 @@ impl Rv {
     }
 }
 
-/// The `resourceVersionMatch` query parameter.
+/// The `resourceVersionMatch` query parameter (after validation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RvMatch {
     NotOlderThan,
@@ -76,13 +165,101 @@ pub enum RvMatch {
 }
 
 impl RvMatch {
-    pub fn parse(s: Option<&str>) -> Result<Option<Self>> {
+    /// A value [`validate`] accepted; anything else is `None`.
+    pub fn parse(s: Option<&str>) -> Option<Self> {
         match s {
-            None | Some("") => Ok(None),
-            Some("NotOlderThan") => Ok(Some(RvMatch::NotOlderThan)),
-            Some("Exact") => Ok(Some(RvMatch::Exact)),
-            Some(other) => Err(Error::InvalidMatch(other.to_string())),
+            Some("NotOlderThan") => Some(RvMatch::NotOlderThan),
+            Some("Exact") => Some(RvMatch::Exact),
+            _ => None,
         }
+    }
+}
+
+/// The raw `ListOptions` fields [`validate`] reads, as the query carried them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ListOptions<'a> {
+    pub watch: bool,
+    pub resource_version: Option<&'a str>,
+    pub resource_version_match: Option<&'a str>,
+    pub has_continue: bool,
+    pub send_initial_events: Option<bool>,
+}
+
+const FIELD_MATCH: &str = "resourceVersionMatch";
+
+/// apimachinery's `ValidateListOptions` with the WatchList feature on (the reference
+/// version's default): every error at once, in its order, with its words.
+pub fn validate(o: &ListOptions) -> Result<()> {
+    let mut errs = Vec::new();
+    let rv = o.resource_version.unwrap_or("");
+    let m = o.resource_version_match.unwrap_or("");
+    if o.watch {
+        if o.send_initial_events.is_some() && m != "NotOlderThan" {
+            errs.push(FieldError::Forbidden {
+                field: FIELD_MATCH,
+                detail: "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            });
+        }
+        if !m.is_empty() {
+            if o.send_initial_events.is_none() {
+                errs.push(FieldError::Forbidden {
+                    field: FIELD_MATCH,
+                    detail: "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+                });
+            }
+            if m != "NotOlderThan" {
+                errs.push(FieldError::NotSupported {
+                    field: FIELD_MATCH,
+                    value: m.to_string(),
+                    supported: &["NotOlderThan"],
+                });
+            }
+            if o.has_continue {
+                errs.push(FieldError::Forbidden {
+                    field: FIELD_MATCH,
+                    detail: "resourceVersionMatch is forbidden when continue is provided",
+                });
+            }
+        }
+    } else {
+        if !m.is_empty() {
+            if rv.is_empty() {
+                errs.push(FieldError::Forbidden {
+                    field: FIELD_MATCH,
+                    detail: "resourceVersionMatch is forbidden unless resourceVersion is provided",
+                });
+            }
+            if o.has_continue {
+                errs.push(FieldError::Forbidden {
+                    field: FIELD_MATCH,
+                    detail: "resourceVersionMatch is forbidden when continue is provided",
+                });
+            }
+            if m != "Exact" && m != "NotOlderThan" {
+                errs.push(FieldError::NotSupported {
+                    field: FIELD_MATCH,
+                    value: m.to_string(),
+                    supported: &["Exact", "NotOlderThan", ""],
+                });
+            }
+            if m == "Exact" && rv == "0" {
+                errs.push(FieldError::Forbidden {
+                    field: FIELD_MATCH,
+                    detail: "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+                });
+            }
+        }
+        if o.send_initial_events.is_some() {
+            errs.push(FieldError::Forbidden {
+                field: "sendInitialEvents",
+                detail: "sendInitialEvents is forbidden for list",
+            });
+        }
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Invalid(errs))
     }
 }
 
@@ -105,40 +282,32 @@ pub fn parse_bool(param: &'static str, s: Option<&str>) -> Result<Option<bool>> 
 pub enum ListPlan {
     /// From the cache once the key's progress is at least `min_rv` (0: as soon as synced).
     Cache { min_rv: u64 },
-    /// Forwarded to the API server unchanged, as 1.20's cacher delegates to etcd.
+    /// Forwarded to the API server unchanged.
     Upstream,
 }
 
-/// Validates a list's options and decides where it is served, as 1.20's
-/// `ValidateListOptions` + `shouldDelegateList`: RV unset (a consistent read), `Exact`,
-/// `continue`, and `limit` with an RV other than `0` go to storage; `0` and NotOlderThan
-/// are the cache's (`limit` is then ignored, as 1.20 does).
+/// Where a [`validate`]d list is served. The cache serves `0` and NotOlderThan without a
+/// limit (`0` ignores the limit, as the API server's cache does); RV unset (a consistent
+/// read), `Exact`, `continue`, and a limit with an RV other than `0` are forwarded — the
+/// API server answers those from its own snapshots (1.34+), which kcache does not keep yet.
 pub fn plan_list(
     rv: Rv,
     rv_match: Option<RvMatch>,
     limit: Option<u64>,
     has_continue: bool,
-) -> Result<ListPlan> {
-    match (rv, rv_match) {
-        (Rv::Unset, Some(_)) => return Err(Error::MatchWithoutResourceVersion),
-        (Rv::Any, Some(RvMatch::Exact)) => return Err(Error::ExactZero),
-        _ => {}
-    }
-    if has_continue && rv_match.is_some() {
-        return Err(Error::MatchWithContinue);
-    }
+) -> ListPlan {
     let has_limit = limit.is_some_and(|l| l > 0);
     if rv == Rv::Unset
         || has_continue
         || (has_limit && rv != Rv::Any)
         || rv_match == Some(RvMatch::Exact)
     {
-        return Ok(ListPlan::Upstream);
+        return ListPlan::Upstream;
     }
-    Ok(ListPlan::Cache { min_rv: rv.floor() })
+    ListPlan::Cache { min_rv: rv.floor() }
 }
 
-/// A validated watch request.
+/// A [`validate`]d watch's start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WatchPlan {
     /// Send the current state as ADDED events before live events.
@@ -149,40 +318,24 @@ pub struct WatchPlan {
     pub from_rv: u64,
 }
 
-/// Validates a watch and picks its start, as the 1.20 cacher does (RV unset and `0` send
-/// the current state as ADDED, RV=N replays what came after N) plus the 1.27 streaming
-/// list (`sendInitialEvents=true` requires NotOlderThan and bookmarks).
-pub fn plan_watch(
-    rv: Rv,
-    rv_match: Option<RvMatch>,
-    send_initial_events: Option<bool>,
-    allow_bookmarks: bool,
-) -> Result<WatchPlan> {
+/// Picks a [`validate`]d watch's start as the reference cacher does
+/// (`getAllEventsSinceLocked`): with `sendInitialEvents=true` the state as ADDED, then —
+/// only when bookmarks are allowed (`isListWatchRequest`) — the initial-events-end
+/// bookmark; without `sendInitialEvents`, RV unset and `0` send the state too (the legacy
+/// behaviour) and RV=N replays what came after N; `sendInitialEvents=false` starts at
+/// the RV given, or at the most recent one for unset and `0`.
+pub fn plan_watch(rv: Rv, send_initial_events: Option<bool>, allow_bookmarks: bool) -> WatchPlan {
     match send_initial_events {
-        None if rv_match.is_some() => Err(Error::MatchOnWatch),
-        None => Ok(WatchPlan {
+        None => WatchPlan {
             initial_events: !matches!(rv, Rv::At(_)),
             initial_events_end_bookmark: false,
             from_rv: rv.floor(),
-        }),
-        Some(send) => {
-            if rv_match != Some(RvMatch::NotOlderThan) || (send && !allow_bookmarks) {
-                return Err(Error::SendInitialEventsNeedsNotOlderThan);
-            }
-            if rv == Rv::Unset && !send {
-                // 1.27: sendInitialEvents=false with RV unset is "start at most recent".
-                return Ok(WatchPlan {
-                    initial_events: false,
-                    initial_events_end_bookmark: false,
-                    from_rv: 0,
-                });
-            }
-            Ok(WatchPlan {
-                initial_events: send,
-                initial_events_end_bookmark: send,
-                from_rv: rv.floor(),
-            })
-        }
+        },
+        Some(send) => WatchPlan {
+            initial_events: send,
+            initial_events_end_bookmark: send && allow_bookmarks,
+            from_rv: rv.floor(),
+        },
     }
 }
 
@@ -236,13 +389,13 @@ mod tests {
 
     #[test]
     fn parse_match_and_bool() {
-        assert_eq!(RvMatch::parse(None), Ok(None));
-        assert_eq!(RvMatch::parse(Some("Exact")), Ok(Some(RvMatch::Exact)));
+        assert_eq!(RvMatch::parse(None), None);
+        assert_eq!(RvMatch::parse(Some("Exact")), Some(RvMatch::Exact));
         assert_eq!(
             RvMatch::parse(Some("NotOlderThan")),
-            Ok(Some(RvMatch::NotOlderThan))
+            Some(RvMatch::NotOlderThan)
         );
-        assert!(RvMatch::parse(Some("notolderthan")).is_err());
+        assert_eq!(RvMatch::parse(Some("notolderthan")), None);
         assert_eq!(parse_bool("watch", Some("1")), Ok(Some(true)));
         assert_eq!(parse_bool("watch", Some("False")), Ok(Some(false)));
         assert_eq!(parse_bool("watch", None), Ok(None));
@@ -250,47 +403,84 @@ mod tests {
     }
 
     #[test]
-    fn list_plans_match_1_20() {
+    fn resource_version_errors_read_as_go_prints_them() {
+        // The reference API server's words (a list answers 400 "invalid resource
+        // version: " + this; a watch, 500 with this).
+        assert_eq!(
+            Rv::parse(Some("abc")).unwrap_err().to_string(),
+            r#"resourceVersion: Invalid value: "abc": strconv.ParseUint: parsing "abc": invalid syntax"#
+        );
+        assert_eq!(
+            Rv::parse(Some("99999999999999999999999"))
+                .unwrap_err()
+                .to_string(),
+            r#"resourceVersion: Invalid value: "99999999999999999999999": strconv.ParseUint: parsing "99999999999999999999999": value out of range"#
+        );
+        assert_eq!(go_quote("a\"b\\c\n\u{1}é"), r#""a\"b\\c\n\x01é""#);
+    }
+
+    /// `ValidateListOptions` of the reference version, message for message (each row's
+    /// text is what kube-apiserver 1.37 answered for the same query).
+    #[test]
+    fn list_options_validation_matches_the_reference() {
+        let o = |watch, rv, m, cont, sie| ListOptions {
+            watch,
+            resource_version: rv,
+            resource_version_match: m,
+            has_continue: cont,
+            send_initial_events: sie,
+        };
+        let cases: &[(ListOptions, Option<&str>)] = &[
+            (o(false, None, None, false, None), None),
+            (o(false, Some("5"), Some("Exact"), false, None), None),
+            (o(false, Some("5"), Some("NotOlderThan"), false, None), None),
+            (o(false, None, Some("Exact"), false, None), Some("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided")),
+            (o(false, Some("0"), Some("Exact"), false, None), Some(r#"resourceVersionMatch: Forbidden: resourceVersionMatch "exact" is forbidden for resourceVersion "0""#)),
+            (o(false, Some("5"), Some("NotOlderThan"), true, None), Some("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided")),
+            (o(false, None, Some("Bogus"), false, None), Some(r#"[resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided, resourceVersionMatch: Unsupported value: "Bogus": supported values: "Exact", "NotOlderThan", ""]"#)),
+            (o(false, None, None, false, Some(true)), Some("sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list")),
+            (o(true, None, None, false, None), None),
+            (o(true, Some("7"), None, false, None), None),
+            (o(true, None, Some("NotOlderThan"), false, Some(true)), None),
+            (o(true, None, Some("NotOlderThan"), false, Some(false)), None),
+            (o(true, None, None, false, Some(true)), Some("resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan")),
+            (o(true, Some("1"), Some("NotOlderThan"), false, None), Some("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided")),
+            (o(true, Some("1"), Some("Exact"), false, Some(true)), Some(r#"[resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan, resourceVersionMatch: Unsupported value: "Exact": supported values: "NotOlderThan"]"#)),
+            (o(true, None, Some("NotOlderThan"), true, Some(true)), Some("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided")),
+        ];
+        for (opts, want) in cases {
+            let got = validate(opts).err().map(|e| e.to_string());
+            assert_eq!(got.as_deref(), *want, "{opts:?}");
+        }
+    }
+
+    #[test]
+    fn list_plans() {
         use ListPlan::*;
         use RvMatch::*;
         let cases = [
-            (Rv::Unset, None, None, false, Ok(Upstream)),
-            (Rv::Unset, None, Some(500), false, Ok(Upstream)),
-            (Rv::Any, None, None, false, Ok(Cache { min_rv: 0 })),
-            (Rv::Any, None, Some(500), false, Ok(Cache { min_rv: 0 })),
-            (Rv::At(5), None, None, false, Ok(Cache { min_rv: 5 })),
+            (Rv::Unset, None, None, false, Upstream),
+            (Rv::Unset, None, Some(500), false, Upstream),
+            (Rv::Any, None, None, false, Cache { min_rv: 0 }),
+            (Rv::Any, None, Some(500), false, Cache { min_rv: 0 }),
+            (Rv::At(5), None, None, false, Cache { min_rv: 5 }),
             (
                 Rv::At(5),
                 Some(NotOlderThan),
                 None,
                 false,
-                Ok(Cache { min_rv: 5 }),
+                Cache { min_rv: 5 },
             ),
             (
                 Rv::Any,
                 Some(NotOlderThan),
                 None,
                 false,
-                Ok(Cache { min_rv: 0 }),
+                Cache { min_rv: 0 },
             ),
-            (Rv::At(5), None, Some(10), false, Ok(Upstream)),
-            (Rv::At(5), Some(Exact), None, false, Ok(Upstream)),
-            (Rv::Unset, None, None, true, Ok(Upstream)),
-            (
-                Rv::Unset,
-                Some(Exact),
-                None,
-                false,
-                Err(Error::MatchWithoutResourceVersion),
-            ),
-            (Rv::Any, Some(Exact), None, false, Err(Error::ExactZero)),
-            (
-                Rv::At(5),
-                Some(NotOlderThan),
-                None,
-                true,
-                Err(Error::MatchWithContinue),
-            ),
+            (Rv::At(5), None, Some(10), false, Upstream),
+            (Rv::At(5), Some(Exact), None, false, Upstream),
+            (Rv::Unset, None, None, true, Upstream),
         ];
         for (rv, m, limit, cont, want) in cases {
             assert_eq!(
@@ -303,82 +493,26 @@ mod tests {
 
     #[test]
     fn watch_plans() {
-        use RvMatch::*;
-        let w = |initial, end, from| {
-            Ok(WatchPlan {
-                initial_events: initial,
-                initial_events_end_bookmark: end,
-                from_rv: from,
-            })
+        let w = |initial, end, from| WatchPlan {
+            initial_events: initial,
+            initial_events_end_bookmark: end,
+            from_rv: from,
         };
         let cases = [
-            (Rv::Unset, None, None, false, w(true, false, 0)),
-            (Rv::Any, None, None, false, w(true, false, 0)),
-            (Rv::At(7), None, None, true, w(false, false, 7)),
-            (
-                Rv::At(7),
-                Some(NotOlderThan),
-                None,
-                true,
-                Err(Error::MatchOnWatch),
-            ),
-            (Rv::At(7), Some(Exact), None, true, Err(Error::MatchOnWatch)),
-            (
-                Rv::Unset,
-                Some(NotOlderThan),
-                Some(true),
-                true,
-                w(true, true, 0),
-            ),
-            (
-                Rv::At(7),
-                Some(NotOlderThan),
-                Some(true),
-                true,
-                w(true, true, 7),
-            ),
-            (
-                Rv::At(7),
-                Some(NotOlderThan),
-                Some(true),
-                false,
-                Err(Error::SendInitialEventsNeedsNotOlderThan),
-            ),
-            (
-                Rv::At(7),
-                None,
-                Some(true),
-                true,
-                Err(Error::SendInitialEventsNeedsNotOlderThan),
-            ),
-            (
-                Rv::At(7),
-                Some(Exact),
-                Some(true),
-                true,
-                Err(Error::SendInitialEventsNeedsNotOlderThan),
-            ),
-            (
-                Rv::At(7),
-                Some(NotOlderThan),
-                Some(false),
-                false,
-                w(false, false, 7),
-            ),
-            (
-                Rv::Unset,
-                Some(NotOlderThan),
-                Some(false),
-                false,
-                w(false, false, 0),
-            ),
+            (Rv::Unset, None, false, w(true, false, 0)),
+            (Rv::Any, None, false, w(true, false, 0)),
+            (Rv::At(7), None, true, w(false, false, 7)),
+            (Rv::Unset, Some(true), true, w(true, true, 0)),
+            (Rv::At(7), Some(true), true, w(true, true, 7)),
+            // Accepted without bookmarks since 1.3x: the state, but no end bookmark.
+            (Rv::At(7), Some(true), false, w(true, false, 7)),
+            (Rv::Unset, Some(true), false, w(true, false, 0)),
+            (Rv::At(7), Some(false), false, w(false, false, 7)),
+            (Rv::Unset, Some(false), false, w(false, false, 0)),
+            (Rv::Any, Some(false), true, w(false, false, 0)),
         ];
-        for (rv, m, sie, bm, want) in cases {
-            assert_eq!(
-                plan_watch(rv, m, sie, bm),
-                want,
-                "{rv:?} {m:?} {sie:?} {bm}"
-            );
+        for (rv, sie, bm, want) in cases {
+            assert_eq!(plan_watch(rv, sie, bm), want, "{rv:?} {sie:?} {bm}");
         }
     }
 

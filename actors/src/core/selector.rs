@@ -29,12 +29,18 @@ pub enum Error {
     NotInteger(String),
     #[error("too many requirements: a selector may have at most {MAX_REQUIREMENTS}")]
     TooManyRequirements,
-    /// Field selector: a term with no `=`, `==` or `!=`.
-    #[error("can't understand {term:?}: expected field=value, field==value or field!=value")]
-    FieldTerm { term: String },
-    /// Field selector: a value with a bad escape or an unescaped `,` or `=`.
-    #[error("invalid value {value:?}: {reason}")]
-    Unescape { value: String, reason: &'static str },
+    /// Field selector: a term with no `=`, `==` or `!=` (`fields.parseSelector`'s words,
+    /// the whole selector and the term).
+    #[error("invalid selector: '{selector}'; can't understand '{term}'")]
+    FieldTerm { selector: String, term: String },
+    /// Field selector: an escape other than `\\`, `\,`, `\=`, or a trailing `\`
+    /// (`InvalidEscapeSequence`).
+    #[error("invalid field selector: invalid escape sequence: {sequence}")]
+    InvalidEscape { sequence: String },
+    /// Field selector: a bare `,` or `=` in a value (`UnescapedRune`, which prints the
+    /// rune as a number, as Go's `%v` of a rune does).
+    #[error("invalid field selector: unescaped character in value: {}", *.0 as u32)]
+    UnescapedRune(char),
     /// The API server's exact message; the HTTP layer answers it with 400 BadRequest.
     #[error("field label not supported: {label}")]
     FieldLabelNotSupported { label: String },
@@ -569,7 +575,7 @@ fn split_terms(s: &str) -> Result<Vec<&str>> {
 /// `field op value`, split at the first operator anywhere in the term (escapes count only
 /// in the value, as in the API server). The field is taken verbatim, spaces and all: a
 /// misspelt field fails later as an unsupported label.
-fn parse_term(term: &str) -> Result<FieldRequirement> {
+fn parse_term(selector: &str, term: &str) -> Result<FieldRequirement> {
     for (i, _) in term.char_indices() {
         let rest = &term[i..];
         for (sym, op) in [
@@ -587,6 +593,7 @@ fn parse_term(term: &str) -> Result<FieldRequirement> {
         }
     }
     Err(Error::FieldTerm {
+        selector: selector.to_string(),
         term: term.to_string(),
     })
 }
@@ -594,24 +601,24 @@ fn parse_term(term: &str) -> Result<FieldRequirement> {
 /// Undoes `\\`, `\,` and `\=`; any other escape, a trailing backslash, or a bare `,` or
 /// `=` in a value is an error, so every value has exactly one spelling.
 fn unescape(value: &str) -> Result<String> {
-    let fail = |reason| Error::Unescape {
-        value: value.to_string(),
-        reason,
-    };
     let mut out = String::with_capacity(value.len());
     let mut chars = value.chars();
     while let Some(c) = chars.next() {
         match c {
             '\\' => match chars.next() {
                 Some(e @ ('\\' | ',' | '=')) => out.push(e),
-                Some(_) => {
-                    return Err(fail(
-                        "invalid escape sequence (only \\\\, \\, and \\= are allowed)",
-                    ))
+                Some(other) => {
+                    return Err(Error::InvalidEscape {
+                        sequence: format!("\\{other}"),
+                    })
                 }
-                None => return Err(fail("ends with an unfinished escape '\\'")),
+                None => {
+                    return Err(Error::InvalidEscape {
+                        sequence: "\\".to_string(),
+                    })
+                }
             },
-            ',' | '=' => return Err(fail("',' and '=' must be escaped with '\\'")),
+            c @ (',' | '=') => return Err(Error::UnescapedRune(c)),
             c => out.push(c),
         }
     }
@@ -684,7 +691,7 @@ impl FieldSelector {
         terms.sort_unstable();
         let reqs = terms
             .into_iter()
-            .map(parse_term)
+            .map(|t| parse_term(s, t))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self { reqs })
     }
@@ -822,7 +829,7 @@ mod tests {
             Error::NotInteger(_) => "NotInteger",
             Error::TooManyRequirements => "TooManyRequirements",
             Error::FieldTerm { .. } => "FieldTerm",
-            Error::Unescape { .. } => "Unescape",
+            Error::InvalidEscape { .. } | Error::UnescapedRune(_) => "Unescape",
             Error::FieldLabelNotSupported { .. } => "FieldLabelNotSupported",
         }
     }
