@@ -17,9 +17,9 @@ use kcache_actors::core::event::encode_value_line;
 use kcache_actors::core::filter::Filter;
 use kcache_actors::core::key::{route, Key, ResourceType};
 use kcache_actors::core::object::{self, EventType, Object};
-use kcache_actors::core::rv::{plan_list, plan_watch, ListPlan};
+use kcache_actors::core::rv::{plan_list, plan_watch, ListPlan, Rv};
 use kcache_actors::core::selector::{FieldSelector, LabelSelector};
-use kcache_actors::registry::{Acquire, Hold, Registry};
+use kcache_actors::registry::{Acquire, Hold, Registry, Release};
 use kcache_actors::watcher::{Encoder, Watcher, WatcherSpec};
 use serde_json::{json, Value};
 
@@ -58,6 +58,8 @@ pub struct ApiState {
     pub audit: crate::audit::Auditor,
     pub cache: CacheConfig,
     pub server: ServerConfig,
+    /// Freshness proofs for consistent reads served from the cache.
+    pub fresh: Arc<crate::fresh::Freshness>,
 }
 
 /// What a cache-served request turned out to need.
@@ -321,6 +323,12 @@ fn resource_attributes(rp: &ResourcePath, q: &Query) -> Attributes {
             .filter(|n| is_valid_path_segment(n))
             .unwrap_or_default()
     });
+    // Selectors are authorized for list and watch only (`GetAuthorizerAttributes`).
+    let (field_selector, label_selector) = if verb == "get" {
+        (String::new(), String::new())
+    } else {
+        (q.field_selector.clone(), q.label_selector.clone())
+    };
     Attributes::Resource {
         verb: verb.into(),
         group: rp.group.clone(),
@@ -329,6 +337,8 @@ fn resource_attributes(rp: &ResourcePath, q: &Query) -> Attributes {
         subresource: String::new(),
         namespace: rp.namespace.clone().unwrap_or_default(),
         name,
+        field_selector,
+        label_selector,
     }
 }
 
@@ -494,8 +504,7 @@ async fn list_or_watch(
         return watch(
             state, q, timeout, user, key, label, field, format, include, permit,
         )
-        .await
-        .map(Served::Response);
+        .await;
     }
     // As the API server: ListOptions validation (422), then the storage's parse of the
     // resourceVersion (400 for a list).
@@ -655,15 +664,16 @@ async fn watch(
     format: Format,
     include: IncludeObject,
     permit: crate::limits::WatchPermit,
-) -> Result<HttpResponse, ApiError> {
+) -> Result<Served, ApiError> {
     // As the API server: ListOptions validation (422), then the storage's parse of the
     // resourceVersion (500 for a watch).
     q.validate_list_options(true)?;
-    let plan = plan_watch(
-        q.watch_or_get_rv()?,
-        q.send_initial_events(),
-        q.allow_watch_bookmarks(),
-    );
+    let rv = q.watch_or_get_rv()?;
+    let plan = plan_watch(rv, q.send_initial_events(), q.allow_watch_bookmarks());
+    // A streaming list with the resourceVersion omitted is a consistent read: its state
+    // must be at least as new as the upstream's when it arrived (the reference cacher
+    // waits for etcd's current revision).
+    let consistent = rv == Rv::Unset && q.send_initial_events() == Some(true);
     // As the API server: `time.Duration(timeoutSeconds) * time.Second`, in Go's wrapping
     // int64 nanoseconds; zero (or absent) is --min-request-timeout × [1, 2), and a
     // negative one ends the watch at once (a Go timer fires at once for it).
@@ -714,6 +724,16 @@ async fn watch(
         .await
         .map_err(|_| ApiError::service_unavailable("kcache is shutting down"))?
         .map_err(|e| crate::limits::too_many_requests(e.to_string()))?;
+    if consistent {
+        if let Err(e) = state.fresh.prove(&held.key, &held.addr).await {
+            tracing::info!(error = %e, "consistent read not proven fresh; forwarding upstream");
+            registry.do_send(Release {
+                key: held.key,
+                asked: key,
+            });
+            return Ok(Served::Forward("not_fresh"));
+        }
+    }
     // Served by a covering key, the filter tests what the own key's upstream selector
     // would have guaranteed.
     let filter = Filter::new(label, cover::field_for(&key, &held.key, field));
@@ -740,7 +760,7 @@ async fn watch(
         .insert_header(("Cache-Control", "no-cache, private"))
         .streaming(rx);
     compact_headers(res.headers_mut());
-    Ok(res)
+    Ok(Served::Response(res))
 }
 
 /// Replaces `headers` with a map just large enough for its entries.

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authorization::v1::{
-    NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    FieldSelectorAttributes, LabelSelectorAttributes, NonResourceAttributes, ResourceAttributes,
+    SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use thiserror::Error;
 
@@ -36,6 +37,13 @@ pub enum Attributes {
         /// For list/watch with `fieldSelector=metadata.name=X`, X: what lets the Node
         /// authorizer allow a kubelet to watch exactly the Secrets its pods mount.
         name: String,
+        /// For list and watch, the request's raw `fieldSelector` and `labelSelector` (first
+        /// values; empty when absent), sent in the review as `rawSelector`s: the reference
+        /// API server authorizes with selectors (`AuthorizeWithSelectors`, GA 1.34; the
+        /// Node authorizer lets `system:node:X` list its pods only with
+        /// `spec.nodeName=X`), and parses them as it parses the request's own.
+        field_selector: String,
+        label_selector: String,
     },
     NonResource {
         verb: String,
@@ -108,8 +116,22 @@ impl Authorizer {
                 subresource,
                 namespace,
                 name,
+                field_selector,
+                label_selector,
             } => (
                 Some(ResourceAttributes {
+                    field_selector: Some(field_selector).filter(|s| !s.is_empty()).map(|raw| {
+                        FieldSelectorAttributes {
+                            raw_selector: Some(raw),
+                            requirements: None,
+                        }
+                    }),
+                    label_selector: Some(label_selector).filter(|s| !s.is_empty()).map(|raw| {
+                        LabelSelectorAttributes {
+                            raw_selector: Some(raw),
+                            requirements: None,
+                        }
+                    }),
                     verb: Some(verb),
                     group: Some(group),
                     version: Some(version),
@@ -245,6 +267,8 @@ mod tests {
             subresource: String::new(),
             namespace: ns.into(),
             name: name.into(),
+            field_selector: String::new(),
+            label_selector: String::new(),
         }
     }
 

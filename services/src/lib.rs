@@ -3,6 +3,7 @@
 //! - [`server`]: wiring, admin endpoints, shutdown.
 //! - [`api`]: serving list/get/watch from the cache, proxying the rest ([`proxy`]).
 //! - [`request`]: the one canonical parse of paths and queries.
+//! - [`fresh`]: freshness proofs for consistent reads served from the cache.
 //! - [`auth`]: TokenReview authentication.
 //! - [`authz`]: SubjectAccessReview authorization.
 //! - [`audit`]: audit.k8s.io Event lines for cache-served requests.
@@ -18,6 +19,7 @@ pub mod auth;
 pub mod authz;
 pub mod config;
 pub mod discovery;
+pub mod fresh;
 pub mod hangup;
 pub mod limits;
 pub mod process;

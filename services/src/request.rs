@@ -149,10 +149,6 @@ pub struct Query {
 /// Query strings longer than this are proxied without being read.
 pub const MAX_QUERY_BYTES: usize = 16 * 1024;
 
-fn invalid(name: &str, value: &str, why: &str) -> ApiError {
-    ApiError::bad_request(format!("invalid value {value:?} for {name}: {why}"))
-}
-
 /// Splits a raw query as Go's `url.ParseQuery` (Go 1.17 and later), which the API server
 /// reads every request with: pairs are separated by `&` only; a pair containing `;`, or
 /// with a malformed percent escape, is dropped; `+` is a space. `None` when a kept key or
@@ -215,7 +211,7 @@ fn go_bool(v: Option<&str>) -> Option<bool> {
 /// an optional sign and decimal digits; empty is an error).
 /// As Go's `strconv.ParseInt(v, 10, 64)`, whose error is the API server's whole message
 /// for a query integer that does not decode (400).
-fn go_int(_name: &str, v: &str) -> Result<i64, ApiError> {
+fn go_int(v: &str) -> Result<i64, ApiError> {
     v.parse::<i64>().map_err(|e| {
         let why = match e.kind() {
             std::num::IntErrorKind::PosOverflow | std::num::IntErrorKind::NegOverflow => {
@@ -317,17 +313,14 @@ impl Query {
     /// `timeoutSeconds`; any 64-bit value is accepted, as upstream (what a negative or
     /// zero one means is the watch's to decide).
     pub fn timeout_seconds(&self) -> Result<Option<i64>, ApiError> {
-        self.timeout_seconds
-            .as_deref()
-            .map(|v| go_int("timeoutSeconds", v))
-            .transpose()
+        self.timeout_seconds.as_deref().map(go_int).transpose()
     }
 
     /// `limit`; zero or negative means no limit, as upstream.
     pub fn limit(&self) -> Result<Option<u64>, ApiError> {
         match self.limit.as_deref() {
             None => Ok(None),
-            Some(v) => Ok(u64::try_from(go_int("limit", v)?).ok().filter(|l| *l > 0)),
+            Some(v) => Ok(u64::try_from(go_int(v)?).ok().filter(|l| *l > 0)),
         }
     }
 

@@ -98,6 +98,7 @@ pub async fn run(
     kcache_actors::metrics::describe();
     crate::request_metrics::describe();
     crate::limits::describe();
+    crate::fresh::describe();
     crate::process::init();
     let resources = cfg.resource_types()?;
     let (client, clients) = if cfg.cache.upstream_http2 {
@@ -123,6 +124,7 @@ pub async fn run(
         cfg.nats.owner_cutoff_ms,
     )));
     upstream_health.spawn_probe(clients.clone(), Duration::from_secs(2));
+    let fresh = crate::fresh::Freshness::new(clients.clone());
     let upstream = Arc::new(UpstreamSource::new(
         clients,
         cache_cfg.clone(),
@@ -180,6 +182,7 @@ pub async fn run(
         proxy,
         cache: cfg.cache.clone(),
         server: cfg.server.clone(),
+        fresh,
     });
     // Readiness opens once the API server has answered discovery for every cached
     // resource (their scope and kind) and whether it accepts anonymous requests; until

@@ -44,8 +44,12 @@ async fn test_cluster_starts_authenticates_counts_watchers_and_restarts() {
     assert_eq!(status(&ns_url, "viewertoken").await, 403);
     assert_eq!(status(&ns_url, "nobodytoken").await, 403);
     assert_eq!(status(&ns_url, "wrongtoken").await, 401);
+    // The Node authorizer with selectors (GA 1.34): a node lists Nodes only by its own
+    // name.
     let nodes_url = format!("{}/api/v1/nodes", cluster.url);
-    assert_eq!(status(&nodes_url, "node1token").await, 200);
+    assert_eq!(status(&nodes_url, "node1token").await, 403);
+    let own_node = format!("{nodes_url}?fieldSelector=metadata.name%3Dnode1");
+    assert_eq!(status(&own_node, "node1token").await, 200);
 
     // A client certificate signed by the cluster's client CA authenticates as its CN/O.
     let (crt, key) = cluster.issue_client_cert("admin", "admin", &["system:masters"]);

@@ -10,6 +10,7 @@ pub mod coalesce;
 pub mod cover;
 pub mod event;
 pub mod filter;
+pub mod fresh;
 pub mod interest;
 pub mod key;
 pub mod key_machine;
