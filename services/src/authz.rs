@@ -139,7 +139,6 @@ impl Authorizer {
                     subresource: Some(subresource).filter(|s| !s.is_empty()),
                     namespace: Some(namespace).filter(|s| !s.is_empty()),
                     name: Some(name).filter(|s| !s.is_empty()),
-                    ..Default::default()
                 }),
                 None,
             ),
