@@ -4,6 +4,8 @@
 #   kcache-e2e.test     Kubernetes' own e2e specs (test/e2e/apimachinery, test/e2e/common/...)
 #                       through kcache's ginkgo entry point conformance/runner/
 #   kcache-pb-informer  a client-go informer speaking protobuf only (conformance/informer/)
+#   kcache-informer     an unchanged client-go SharedInformer with streaming lists and the
+#                       watchlist consistency detector (conformance/informer-sync/)
 # Each program's source is the project's; the go.mod is a wrapper module made here for the
 # version (scripts/k8s/lib.sh), so the same source builds against the reference and the
 # second version.
@@ -24,10 +26,10 @@ prefix=${2:-${K8S_TESTENV:-/opt/k8s-testenv}}
 dest=$prefix/$version
 bin=$dest/bin
 stamp=$dest/PROGRAMS-INFO
-programs=(runner informer)
+programs=(runner informer informer-sync)
 hash=$( (cd "$src" && find "${programs[@]}" -type f -print0 | LC_ALL=C sort -z | xargs -0 cat;
   cat "$here/build-programs.sh" "$here/lib.sh" "$here/versions.env") | sha256sum | cut -c1-16)
-if [[ -x $bin/kcache-e2e.test && -x $bin/kcache-pb-informer ]] && grep -qs "sha256 $hash" "$stamp"; then
+if [[ -x $bin/kcache-e2e.test && -x $bin/kcache-pb-informer && -x $bin/kcache-informer ]] && grep -qs "sha256 $hash" "$stamp"; then
   echo "$bin/kcache-e2e.test"
   exit 0
 fi
@@ -47,7 +49,8 @@ ldflags=$(k8s_ldflags)
 echo "build-programs.sh: building the e2e specs and client programs at $version (first time ~10 min on 2 cores), log: $log" >&2
 go test -c -trimpath -ldflags "$ldflags" -o "$work/kcache-e2e.test" ./runner >>"$log" 2>&1 || fail kcache-e2e.test
 go build -trimpath -ldflags "$ldflags" -o "$work/kcache-pb-informer" ./informer >>"$log" 2>&1 || fail kcache-pb-informer
-install -m 0755 "$work/kcache-e2e.test" "$work/kcache-pb-informer" "$bin/"
-echo "kcache-e2e.test, kcache-pb-informer at $version (Go modules), $(go env GOVERSION), sha256 $hash" >"$stamp"
+go build -trimpath -ldflags "$ldflags" -o "$work/kcache-informer" ./informer-sync >>"$log" 2>&1 || fail kcache-informer
+install -m 0755 "$work/kcache-e2e.test" "$work/kcache-pb-informer" "$work/kcache-informer" "$bin/"
+echo "kcache-e2e.test, kcache-pb-informer, kcache-informer at $version (Go modules), $(go env GOVERSION), sha256 $hash" >"$stamp"
 echo "build-programs.sh: built in $((SECONDS - start)) s" >&2
 echo "$bin/kcache-e2e.test"

@@ -42,17 +42,11 @@ fn specs() -> Vec<String> {
 }
 
 /// The runner binary: `KCACHE_E2E_TEST`, else beside the API server
-/// (`scripts/install-e2e-specs.sh` puts it there; `scripts/test.sh` runs it).
+/// (`scripts/k8s/build-programs.sh` puts it there; `scripts/test.sh` runs it).
 fn runner() -> PathBuf {
-    let path = std::env::var_os("KCACHE_E2E_TEST")
+    std::env::var_os("KCACHE_E2E_TEST")
         .map(PathBuf::from)
-        .unwrap_or_else(|| support::bin_dir().join("kcache-e2e.test"));
-    assert!(
-        path.is_file(),
-        "no e2e spec runner at {} (scripts/install-e2e-specs.sh builds it)",
-        path.display()
-    );
-    path
+        .unwrap_or_else(|| support::judge_bin("kcache-e2e.test"))
 }
 
 /// A Go (RE2) regular expression matching exactly the given spec texts.

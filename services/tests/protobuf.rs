@@ -328,21 +328,6 @@ async fn protobuf_gets_lists_and_watches_match_the_api_server() {
     assert!(cached >= 8.0, "cache-served requests: {cached}");
 }
 
-/// `kcache-pb-informer` (conformance/informer/, built by scripts/install-e2e-specs.sh):
-/// beside `KCACHE_E2E_TEST` when set, else beside the API server.
-fn informer_bin() -> std::path::PathBuf {
-    let path = std::env::var_os("KCACHE_E2E_TEST")
-        .map(std::path::PathBuf::from)
-        .and_then(|p| p.parent().map(|d| d.join("kcache-pb-informer")))
-        .unwrap_or_else(|| support::bin_dir().join("kcache-pb-informer"));
-    assert!(
-        path.is_file(),
-        "no kcache-pb-informer at {} (scripts/install-e2e-specs.sh builds it)",
-        path.display()
-    );
-    path
-}
-
 /// client-go itself, speaking protobuf only (as the kubelet and kube-proxy do): its
 /// informer syncs through kcache exactly as through the API server, every list and get
 /// it receives is protobuf on the wire (the envelope's magic, not just the header), its
@@ -350,7 +335,7 @@ fn informer_bin() -> std::path::PathBuf {
 #[tokio::test]
 async fn a_client_go_protobuf_informer_syncs_through_kcache() {
     use tokio::io::AsyncBufReadExt;
-    let bin = informer_bin();
+    let bin = support::judge_bin("kcache-pb-informer");
     let cluster = TestCluster::start().await;
     let kc = Kcache::start(&cluster, "").await;
     let client = cluster.kube_client().await;

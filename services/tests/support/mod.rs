@@ -85,6 +85,22 @@ pub fn bin_dir() -> PathBuf {
     PathBuf::from(line)
 }
 
+/// One of kcache's Go judges built by `scripts/k8s/build-programs.sh` (`kcache-e2e.test`,
+/// `kcache-pb-informer`, `kcache-informer`): beside `$KCACHE_E2E_TEST` when set, else
+/// beside the API server ([`bin_dir`]).
+pub fn judge_bin(name: &str) -> PathBuf {
+    let path = std::env::var_os("KCACHE_E2E_TEST")
+        .map(PathBuf::from)
+        .and_then(|p| p.parent().map(|d| d.join(name)))
+        .unwrap_or_else(|| bin_dir().join(name));
+    assert!(
+        path.is_file(),
+        "no {name} at {} (scripts/k8s/build-programs.sh builds it)",
+        path.display()
+    );
+    path
+}
+
 /// A `kubectl` command of the reference version (beside the API server in [`bin_dir`]),
 /// not whatever other kubectl the machine has.
 pub fn kubectl_command() -> Command {
