@@ -421,6 +421,18 @@ mod tests {
         }
         // Custom resources have no codec.
         assert!(Codec::for_kind("example.com", "v1", "Widget").is_none());
+        // An inline within an inline (NamedRuleWithOperations inlines RuleWithOperations,
+        // which inlines Rule) has no slot: its keys are refused, the rest encodes.
+        let vap = codec(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicy",
+        );
+        let nested = br#"{"spec":{"matchConstraints":{"excludeResourceRules":[{"resourceNames":["x"],"operations":["CREATE"],"apiGroups":[""]}]}}}"#;
+        assert!(vap.message(nested).is_err());
+        let plain =
+            br#"{"spec":{"matchConstraints":{"excludeResourceRules":[{"resourceNames":["x"]}]}}}"#;
+        assert!(vap.message(plain).is_ok());
     }
 
     #[test]

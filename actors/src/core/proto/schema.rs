@@ -288,11 +288,13 @@ impl Schema {
                 match (f.label, f.ty) {
                     (Label::Inline, Ty::Message(inner)) => {
                         for (ii, g) in messages[inner as usize].fields.iter().enumerate() {
+                            // An inline within an inline (admissionregistration's
+                            // NamedRuleWithOperations, since 1.26) has no slot here: its
+                            // JSON keys stay unknown, so an object that carries them fails
+                            // to encode and its kind is served as JSON — refused, never
+                            // dropped.
                             if g.label == Label::Inline {
-                                return Err(Error::Schema(format!(
-                                    "{}: inline within inline",
-                                    messages[i].name
-                                )));
+                                continue;
                             }
                             keys.push((g.json.clone(), Slot::Inline(fi as u16, ii as u16)));
                         }
