@@ -154,7 +154,7 @@ for r in r0 r1 r2; do
 #!/usr/bin/env bash
 echo "--- \$(date -u +%FT%T.%NZ) start ---" >>"$dir/$r.log"
 export KCACHE_LOG=\${KCACHE_LOG:-info}
-exec "$release/kcache" serve --kubeconfig "$KUBECONFIG" --listen 127.0.0.1:$port \\
+exec "$release/kcache" serve --kubeconfig "$KUBECONFIG" --listen 127.0.0.1:$port --admin-listen api \\
   --config "$dir/kcache.toml" --nats "$urls" --replica-id $r >>"$dir/$r.log" 2>&1
 EOF
   replica_args+=(--replica "$r=https://127.0.0.1:$port")

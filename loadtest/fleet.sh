@@ -104,7 +104,7 @@ for n in $sizes; do
   for ((i = 0; i < n; i++)); do
     port=$(free_port)
     write_start_script "$n" "$i" "$port" "$release/kcache" serve --kubeconfig "$KUBECONFIG" \
-      --listen "127.0.0.1:$port" --replica-id "r$i" "${args[@]}"
+      --listen "127.0.0.1:$port" --admin-listen api --replica-id "r$i" "${args[@]}"
     pid=$("$KUBE_DIR/start-$n-$i.sh")
     for _ in $(seq 100); do curl -skf "https://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.2; done
     replicas+=(--replica "https://127.0.0.1:$port=$pid")

@@ -32,7 +32,7 @@ trap cleanup EXIT
 apid=${KUBE_PIDS%% *}  # "apiserver etcd"
 
 port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
-target/release/kcache serve --kubeconfig "$KUBECONFIG" --listen "127.0.0.1:$port" \
+target/release/kcache serve --kubeconfig "$KUBECONFIG" --listen "127.0.0.1:$port" --admin-listen api \
   >"$KUBE_DIR/kcache.log" 2>&1 &
 kpid=$!
 for _ in $(seq 150); do

@@ -141,7 +141,7 @@ port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print
 # RSS and CPU figures are then the wrapper's and mean nothing. KCACHE_BENCH_BIN: another
 # kcache build (e.g. one with debug line tables for the profiler).
 read -r -a wrap <<<"${KCACHE_BENCH_WRAP:-}"
-"${pin_kcache[@]}" "${wrap[@]}" "${KCACHE_BENCH_BIN:-$release/kcache}" serve --kubeconfig "$KUBECONFIG" --listen "127.0.0.1:$port" \
+"${pin_kcache[@]}" "${wrap[@]}" "${KCACHE_BENCH_BIN:-$release/kcache}" serve --kubeconfig "$KUBECONFIG" --listen "127.0.0.1:$port" --admin-listen api \
   "${kcache_args[@]}" >"$KUBE_DIR/kcache.log" 2>&1 &
 kpid=$!
 ready=

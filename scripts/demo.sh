@@ -84,7 +84,9 @@ for ((i = 0; i < replicas; i++)); do
   p=$((port + i))
   id=${ids[i]:-r$i}
   echo "==> starting kcache replica $id on https://127.0.0.1:$p"
-  target/release/kcache serve --kubeconfig "$KUBE_DIR/kubeconfig" --listen "127.0.0.1:$p" \
+  # Several replicas share this machine: each keeps its admin endpoints (/metrics,
+  # /debug/keys) on its API port (--admin-listen api) rather than all on 127.0.0.1:8081.
+  target/release/kcache serve --kubeconfig "$KUBE_DIR/kubeconfig" --listen "127.0.0.1:$p" --admin-listen api \
     --replica-id "$id" "${fleet_args[@]}" </dev/null >"$KUBE_DIR/kcache-$id.log" 2>&1 &
   kcache_pid=$!
   pids+=("$kcache_pid")

@@ -55,12 +55,14 @@ struct ServeArgs {
     /// Address to serve on.
     #[arg(long, env = "KCACHE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: String,
-    /// Serve /livez, /readyz, /metrics and /debug/keys on this address instead (plain
-    /// HTTP; /metrics unauthenticated, keep it on the pod network; /debug/keys still
-    /// authorized); the API address then proxies
-    /// the API server's own /livez, /readyz, /healthz and /metrics.
-    #[arg(long, env = "KCACHE_ADMIN_LISTEN")]
-    admin_listen: Option<String>,
+    /// Address of kcache's own /livez, /readyz, /metrics and /debug/keys (plain HTTP;
+    /// /metrics unauthenticated, keep it on the pod network; /debug/keys authorized), so
+    /// that the API address is the API server's alone: it proxies the API server's own
+    /// /livez, /readyz, /healthz and /metrics, as clients of an API server expect.
+    /// `api` serves kcache's admin endpoints on the API address instead (those paths are
+    /// then kcache's, not the API server's).
+    #[arg(long, env = "KCACHE_ADMIN_LISTEN", default_value = "127.0.0.1:8081")]
+    admin_listen: String,
     /// Configuration file (see config/kcache.toml); without it, ./config/kcache.toml or
     /// /etc/kcache/kcache.toml, the first that exists, else the built-in defaults.
     #[arg(long, env = "KCACHE_CONFIG")]
@@ -206,11 +208,10 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let listeners = kcache::server::Listeners {
         api: TcpListener::bind(&args.listen)?,
-        admin: args
-            .admin_listen
-            .as_deref()
-            .map(TcpListener::bind)
-            .transpose()?,
+        admin: match args.admin_listen.as_str() {
+            "api" => None,
+            addr => Some(TcpListener::bind(addr)?),
+        },
     };
     kcache::server::run(
         cfg,

@@ -89,11 +89,12 @@ impl Kcache {
             .arg("--config")
             .arg(&config)
             .args(args)
-            .args(
-                admin_port
-                    .iter()
-                    .flat_map(|p| ["--admin-listen".to_string(), format!("127.0.0.1:{p}")]),
-            )
+            // Without an admin port of its own (the default), the admin endpoints are put
+            // on the API port (`--admin-listen api`), as tests that read them there expect.
+            .args([
+                "--admin-listen".to_string(),
+                admin_port.map_or_else(|| "api".to_string(), |p| format!("127.0.0.1:{p}")),
+            ])
             .env(
                 "KCACHE_LOG",
                 std::env::var("KCACHE_LOG").unwrap_or_else(|_| "info".into()),
