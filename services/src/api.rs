@@ -48,6 +48,8 @@ pub struct ApiState {
     /// The cached resources as discovery describes them; empty (everything proxied)
     /// until the upstream answered discovery.
     pub resources: std::sync::OnceLock<crate::discovery::Resources>,
+    /// What the API server warns on reads of each cached resource (set with `resources`).
+    pub read_warnings: std::sync::OnceLock<crate::discovery::ReadWarnings>,
     pub auth: Authenticator,
     pub authz: Authorizer,
     /// Requests without credentials are `system:anonymous` (else 401): set once the API
@@ -140,11 +142,22 @@ async fn serve_or_proxy(
                 };
                 match format {
                     Ok(format) => {
+                        let warnings = state.read_warnings.get().and_then(|w| {
+                            w.get(&(rp.group.clone(), rp.version.clone(), rp.resource.clone()))
+                        });
                         match serve_or_forward(req, state, &rp, &q, format, resource, received)
                             .await
                         {
                             Ok(None) => {}
-                            Ok(Some(r)) => return (ServedBy::Cache, Ok(r)),
+                            Ok(Some(r)) => {
+                                return (ServedBy::Cache, Ok(with_warnings(r, warnings)))
+                            }
+                            // As the API server: authorized requests carry the resource's
+                            // read warnings whatever their outcome; refused ones do not.
+                            Err(e) if warnings.is_some() && !matches!(e.code, 401 | 403) => {
+                                let r = actix_web::ResponseError::error_response(&e);
+                                return (ServedBy::Cache, Ok(with_warnings(r, warnings)));
+                            }
                             Err(e) => return (ServedBy::Cache, Err(e)),
                         }
                     }
@@ -160,6 +173,18 @@ async fn serve_or_proxy(
         _ => state.proxy.forward(req, body).await,
     };
     (ServedBy::Proxy, result)
+}
+
+/// `res` with the resource's read warnings appended (`Warning` headers, as the API
+/// server sends them).
+fn with_warnings(mut res: HttpResponse, warnings: Option<&Vec<String>>) -> HttpResponse {
+    for w in warnings.into_iter().flatten() {
+        if let Ok(v) = actix_web::http::header::HeaderValue::from_str(w) {
+            res.headers_mut()
+                .append(actix_web::http::header::WARNING, v);
+        }
+    }
+    res
 }
 
 /// Whether an Accept header names protobuf (media types are case-insensitive).

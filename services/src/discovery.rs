@@ -28,6 +28,49 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// The cached resources by `(group, version, resource)`.
 pub type Resources = HashMap<(String, String, String), Arc<ResourceType>>;
 
+/// The `Warning` headers the API server sends with every read of a resource (a deprecated
+/// resource's, e.g. v1 Endpoints since 1.33), by `(group, version, resource)`: kcache sends
+/// the same with its own answers.
+pub type ReadWarnings = HashMap<(String, String, String), Vec<String>>;
+
+/// Reads each resource's read warnings from one small list of it (`limit=1`, kcache's own
+/// identity). A resource whose list fails has none recorded (logged): its answers then lack
+/// what the API server would have warned.
+pub async fn read_warnings(client: &kube::Client, resources: &Resources) -> ReadWarnings {
+    let mut out = ReadWarnings::new();
+    for (id, r) in resources {
+        let uri = format!("{}?limit=1", r.collection_path(None));
+        let req = match http::Request::get(uri).body(kube::client::Body::empty()) {
+            Ok(req) => req,
+            Err(e) => {
+                tracing::warn!(error = %e, resource = %r.resource, "cannot build a warnings probe");
+                continue;
+            }
+        };
+        match client.send(req).await {
+            Ok(resp) if resp.status().is_success() => {
+                let warnings: Vec<String> = resp
+                    .headers()
+                    .get_all("warning")
+                    .iter()
+                    .filter_map(|v| v.to_str().ok().map(str::to_string))
+                    .collect();
+                if !warnings.is_empty() {
+                    tracing::info!(resource = %r.resource, ?warnings, "the API server warns on reads of this resource; kcache's answers carry the same");
+                    out.insert(id.clone(), warnings);
+                }
+            }
+            Ok(resp) => {
+                tracing::warn!(resource = %r.resource, status = %resp.status(), "cannot read the resource's read warnings")
+            }
+            Err(e) => {
+                tracing::warn!(resource = %r.resource, error = %e, "cannot read the resource's read warnings")
+            }
+        }
+    }
+    out
+}
+
 /// Looks every wanted resource up in its group-version's discovery document. A resource
 /// the upstream does not serve is left out (its requests are proxied) and logged; a
 /// configured kind or scope that disagrees with discovery is overridden and logged.

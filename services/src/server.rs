@@ -162,6 +162,7 @@ pub async fn run(
     let state = web::Data::new(ApiState {
         registry: registry.clone(),
         resources: std::sync::OnceLock::new(),
+        read_warnings: std::sync::OnceLock::new(),
         auth: Authenticator::new(
             client.clone(),
             Duration::from_secs(cfg.auth.token_cache_ttl_secs),
@@ -195,7 +196,7 @@ pub async fn run(
         actix_web::rt::spawn(async move {
             loop {
                 match start_up(&client, &anonymous_client, &resources).await {
-                    Ok((found, upstream_anonymous)) => {
+                    Ok((found, warnings, upstream_anonymous)) => {
                         let anonymous = anonymous_allowed_by_config && upstream_anonymous;
                         tracing::info!(
                             resources = found.len(),
@@ -204,6 +205,7 @@ pub async fn run(
                             "upstream API server reachable; discovery read"
                         );
                         state.anonymous.store(anonymous, Ordering::Relaxed);
+                        let _ = state.read_warnings.set(warnings);
                         let _ = state.resources.set(found);
                         health.ready.store(true, Ordering::Relaxed);
                         return;
@@ -325,8 +327,16 @@ async fn start_up(
     client: &kube::Client,
     anonymous: &kube::Client,
     wanted: &[kcache_actors::core::key::ResourceType],
-) -> Result<(crate::discovery::Resources, bool), Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<
+    (
+        crate::discovery::Resources,
+        crate::discovery::ReadWarnings,
+        bool,
+    ),
+    Box<dyn std::error::Error + Send + Sync>,
+> {
     let resources = crate::discovery::resolve(client, wanted).await?;
+    let warnings = crate::discovery::read_warnings(client, &resources).await;
     let version = client.apiserver_version().await?;
     crate::upstream_version::report(&version.git_version);
     let req = http::Request::get("/api").body(kube::client::Body::empty())?;
@@ -334,7 +344,11 @@ async fn start_up(
     if status.is_server_error() {
         return Err(format!("probing anonymous access: the API server answered {status}").into());
     }
-    Ok((resources, status != http::StatusCode::UNAUTHORIZED))
+    Ok((
+        resources,
+        warnings,
+        status != http::StatusCode::UNAUTHORIZED,
+    ))
 }
 
 /// A client with the upstream's address and TLS settings but no credentials.

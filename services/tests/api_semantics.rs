@@ -483,3 +483,80 @@ async fn an_admin_port_leaves_the_api_servers_health_endpoints_to_it() {
     );
     assert!(!body.contains("quantile=\""), "summaries: {body}");
 }
+
+/// Reads of a deprecated resource (v1 Endpoints, since 1.33) carry the API server's
+/// `Warning` header from kcache too — lists, gets, watches, and the errors of authorized
+/// requests — and refused requests carry none, as upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_warnings_match_the_api_servers() {
+    let cluster = TestCluster::start().await;
+    let k = Kcache::start(&cluster, "").await;
+    let http = support::insecure_http();
+    let warnings = |base: String, path: &'static str, token: &'static str| {
+        let http = http.clone();
+        async move {
+            let resp = http
+                .get(format!("{base}{path}"))
+                .bearer_auth(token)
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await
+                .expect("request");
+            let code = resp.status().as_u16();
+            let w: Vec<String> = resp
+                .headers()
+                .get_all("warning")
+                .iter()
+                .map(|v| v.to_str().unwrap_or("").to_string())
+                .collect();
+            (code, w)
+        }
+    };
+    let mut checked = 0;
+    for (path, token) in [
+        (
+            "/api/v1/namespaces/default/endpoints?resourceVersion=0",
+            TOKEN,
+        ),
+        (
+            "/api/v1/namespaces/default/endpoints/kubernetes?resourceVersion=0",
+            TOKEN,
+        ),
+        (
+            "/api/v1/namespaces/default/endpoints/missing?resourceVersion=0",
+            TOKEN,
+        ),
+        (
+            "/api/v1/namespaces/default/endpoints?watch=1&timeoutSeconds=1",
+            TOKEN,
+        ),
+        (
+            "/api/v1/namespaces/default/endpoints?resourceVersion=0&resourceVersionMatch=Bogus",
+            TOKEN,
+        ),
+        (
+            "/api/v1/namespaces/default/endpoints?resourceVersion=0",
+            "viewertoken",
+        ),
+        (
+            "/api/v1/namespaces/default/secrets?resourceVersion=0",
+            TOKEN,
+        ),
+    ] {
+        let (up_code, up) = warnings(cluster.url.clone(), path, token).await;
+        let (kc_code, ours) = warnings(k.url.clone(), path, token).await;
+        assert_eq!(kc_code, up_code, "{path} as {token}");
+        assert_eq!(ours, up, "{path} as {token}: Warning headers");
+        checked += usize::from(!up.is_empty());
+    }
+    // Not vacuous: the reference API server does warn on Endpoints.
+    assert!(
+        checked >= 4,
+        "the API server sent warnings on {checked} requests"
+    );
+    let m = k.metrics_text().await;
+    assert!(
+        support::kcache::sum_samples(&m, "kcache_requests_total", Some("served=\"cache\"")) >= 4.0,
+        "the Endpoints reads were served by kcache: {m}"
+    );
+}
