@@ -694,11 +694,13 @@ async fn watch(
     // resourceVersion (500 for a watch).
     q.validate_list_options(true)?;
     let rv = q.watch_or_get_rv()?;
-    let plan = plan_watch(rv, q.send_initial_events(), q.allow_watch_bookmarks());
+    // Planned on the defaulted options: a watch from "" or 0 is a streaming list.
+    let send_initial_events = q.list_options(true).send_initial_events;
+    let plan = plan_watch(rv, send_initial_events, q.allow_watch_bookmarks());
     // A streaming list with the resourceVersion omitted is a consistent read: its state
     // must be at least as new as the upstream's when it arrived (the reference cacher
     // waits for etcd's current revision).
-    let consistent = rv == Rv::Unset && q.send_initial_events() == Some(true);
+    let consistent = rv == Rv::Unset && send_initial_events == Some(true);
     // As the API server: `time.Duration(timeoutSeconds) * time.Second`, in Go's wrapping
     // int64 nanoseconds; zero (or absent) is --min-request-timeout × [1, 2), and a
     // negative one ends the watch at once (a Go timer fires at once for it).

@@ -352,17 +352,25 @@ impl Query {
         RvMatch::parse(self.resource_version_match.as_deref())
     }
 
-    /// The API server's `ValidateListOptions` of this query as a list (`watch` false) or a
-    /// watch: 422 Invalid with its messages.
-    pub fn validate_list_options(&self, watch: bool) -> Result<(), ApiError> {
-        kcache_actors::core::rv::validate(&kcache_actors::core::rv::ListOptions {
+    /// This query's `ListOptions` as the API server reads them for a list (`watch` false)
+    /// or a watch: decoded, then defaulted (`SetListOptionsDefaults`: a legacy watch is a
+    /// streaming list).
+    pub fn list_options(&self, watch: bool) -> kcache_actors::core::rv::ListOptions<'_> {
+        kcache_actors::core::rv::ListOptions {
             watch,
             resource_version: self.resource_version.as_deref(),
             resource_version_match: self.resource_version_match.as_deref(),
             has_continue: self.continue_token.is_some(),
             send_initial_events: self.send_initial_events(),
-        })
-        .map_err(ApiError::invalid_list_options)
+        }
+        .defaulted()
+    }
+
+    /// The API server's `ValidateListOptions` of this query's defaulted options as a list
+    /// (`watch` false) or a watch: 422 Invalid with its messages.
+    pub fn validate_list_options(&self, watch: bool) -> Result<(), ApiError> {
+        kcache_actors::core::rv::validate(&self.list_options(watch))
+            .map_err(ApiError::invalid_list_options)
     }
 }
 

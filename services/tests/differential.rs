@@ -779,76 +779,21 @@ impl Difference {
 /// "Differences from the API server"), recognised narrowly by the exact answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Allowed {
-    /// Kubernetes 1.20 answers a resourceVersion that is not a number with a 500 and no
-    /// reason (the cacher's `storage.InvalidError` from `ParseResourceVersion` is never
-    /// mapped to an API status); kcache refuses the same malformed request with a 400 on
-    /// purpose (`api_semantics.rs` pins it). Both refuse; only the blame differs.
-    UnparseableRv,
-    /// kcache reads `sendInitialEvents` as Kubernetes 1.27 and later do (streaming lists),
-    /// where 1.20 ignores it: kcache refuses it without `resourceVersionMatch=NotOlderThan`
-    /// and bookmarks, and serves it with them where 1.20 refuses resourceVersionMatch on
-    /// a watch.
-    StreamingList,
-    /// A read of a resourceVersion newer than any event of its resource: the 1.20 watch
-    /// cache waits for an event of that resource to reach it and answers 504 "Too large
-    /// resource version" (its own writes, leases and endpoints, move the global RV on
-    /// meanwhile); kcache establishes progress with a consistent list, reaches the RV and
-    /// answers what the API server would answer at it.
+    /// A read of a resourceVersion newer than any event of its resource: an API server's
+    /// watch cache may wait for progress on that resource and answer 504 "Too large
+    /// resource version"; kcache establishes progress with a consistent list, reaches the
+    /// RV and answers what the API server would answer at it. (A malformed
+    /// resourceVersion and streaming-list parameters are no longer allowed differences:
+    /// kcache answers them as the reference version does.)
     FresherThanTheWatchCache,
 }
 
-/// The first value of query parameter `key`, read as Go's `url.ParseQuery` reads it
-/// (`&`-separated; pairs with `;` or a malformed escape dropped).
-fn first_param(target: &str, key: &str) -> Option<String> {
-    let query = target.split_once('?')?.1;
-    let decode = |s: &str| {
-        let s = s.replace('+', " ");
-        let b = s.as_bytes();
-        let escapes_ok = b.iter().enumerate().all(|(i, c)| {
-            *c != b'%'
-                || (b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
-                    && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
-        });
-        escapes_ok.then(|| {
-            percent_encoding::percent_decode_str(&s)
-                .decode_utf8_lossy()
-                .into_owned()
-        })
-    };
-    query
-        .split('&')
-        .filter(|p| !p.is_empty() && !p.contains(';'))
-        .filter_map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            Some((decode(k)?, decode(v)?))
-        })
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v)
-}
-
-fn allowed(request: &Request, api: &Answer, kcache: &Answer) -> Option<Allowed> {
-    if api.code == 500
-        && api.note.starts_with(": resourceVersion: Invalid value:")
-        && kcache.code == 400
-    {
-        return Some(Allowed::UnparseableRv);
-    }
+fn allowed(_request: &Request, api: &Answer, kcache: &Answer) -> Option<Allowed> {
     if api.code == 504
         && api.note.contains("Too large resource version")
         && (kcache.class() == 2 || kcache.code == 404)
     {
         return Some(Allowed::FresherThanTheWatchCache);
-    }
-    let streaming = first_param(&request.target, "sendInitialEvents").is_some();
-    if streaming
-        && ((api.class() == 2 && kcache.class() == 4 && kcache.note.contains("sendInitialEvents"))
-            || (kcache.class() == 2
-                && api.code == 400
-                && api
-                    .note
-                    .contains("resourceVersionMatch is forbidden for watch")))
-    {
-        return Some(Allowed::StreamingList);
     }
     None
 }

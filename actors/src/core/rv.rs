@@ -185,6 +185,27 @@ pub struct ListOptions<'a> {
     pub send_initial_events: Option<bool>,
 }
 
+impl ListOptions<'_> {
+    /// apimachinery's `SetListOptionsDefaults` with the WatchList feature on (the default
+    /// of every supported version, 1.34+): a watch from the legacy starting points —
+    /// resourceVersion unset or `0` — that says nothing of `sendInitialEvents` or
+    /// `resourceVersionMatch` is a streaming list (`sendInitialEvents=true`,
+    /// NotOlderThan). The API server validates and plans the defaulted options.
+    #[must_use]
+    pub fn defaulted(mut self) -> Self {
+        let legacy = matches!(self.resource_version, None | Some("" | "0"));
+        if self.watch
+            && legacy
+            && self.send_initial_events.is_none()
+            && self.resource_version_match.is_none_or(str::is_empty)
+        {
+            self.send_initial_events = Some(true);
+            self.resource_version_match = Some("NotOlderThan");
+        }
+        self
+    }
+}
+
 const FIELD_MATCH: &str = "resourceVersionMatch";
 
 /// apimachinery's `ValidateListOptions` with the WatchList feature on (the reference
@@ -452,6 +473,58 @@ mod tests {
             let got = validate(opts).err().map(|e| e.to_string());
             assert_eq!(got.as_deref(), *want, "{opts:?}");
         }
+    }
+
+    #[test]
+    fn legacy_watches_are_defaulted_to_streaming_lists() {
+        let o = |watch, rv, m, cont, sie| ListOptions {
+            watch,
+            resource_version: rv,
+            resource_version_match: m,
+            has_continue: cont,
+            send_initial_events: sie,
+        };
+        let streaming = |rv, cont| o(true, rv, Some("NotOlderThan"), cont, Some(true));
+        let cases = [
+            (o(true, None, None, false, None), streaming(None, false)),
+            (
+                o(true, Some(""), None, false, None),
+                streaming(Some(""), false),
+            ),
+            (
+                o(true, Some("0"), None, false, None),
+                streaming(Some("0"), false),
+            ),
+            (o(true, None, None, true, None), streaming(None, true)),
+            // Not legacy, or already explicit: unchanged.
+            (
+                o(true, Some("7"), None, false, None),
+                o(true, Some("7"), None, false, None),
+            ),
+            (
+                o(true, None, None, false, Some(false)),
+                o(true, None, None, false, Some(false)),
+            ),
+            (
+                o(true, Some("0"), Some("NotOlderThan"), false, None),
+                o(true, Some("0"), Some("NotOlderThan"), false, None),
+            ),
+            (
+                o(false, None, None, false, None),
+                o(false, None, None, false, None),
+            ),
+        ];
+        for (given, want) in cases {
+            assert_eq!(given.defaulted(), want, "{given:?}");
+        }
+        // A legacy watch with `continue`: its defaulted match meets the continue rule, as
+        // the reference API server answers.
+        assert_eq!(
+            validate(&o(true, None, None, true, None).defaulted())
+                .unwrap_err()
+                .to_string(),
+            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided"
+        );
     }
 
     #[test]
