@@ -8,6 +8,8 @@
 #                       watchlist consistency detector (conformance/informer-sync/)
 #   kcache-kubelet      the kubelet's own watch-based Secret/ConfigMap managers
 #                       (pkg/kubelet/secret, pkg/kubelet/configmap; conformance/kubelet-manager/)
+#   kcache-kube-proxy   kube-proxy's Service and EndpointSlice informers with its label
+#                       selector (conformance/kube-proxy/)
 # Each program's source is the project's; the go.mod is a wrapper module made here for the
 # version (scripts/k8s/lib.sh), so the same source builds against the reference and the
 # second version.
@@ -28,10 +30,10 @@ prefix=${2:-${K8S_TESTENV:-/opt/k8s-testenv}}
 dest=$prefix/$version
 bin=$dest/bin
 stamp=$dest/PROGRAMS-INFO
-programs=(runner informer informer-sync kubelet-manager)
+programs=(runner informer informer-sync kubelet-manager kube-proxy)
 hash=$( (cd "$src" && find "${programs[@]}" -type f -print0 | LC_ALL=C sort -z | xargs -0 cat;
   cat "$here/build-programs.sh" "$here/lib.sh" "$here/versions.env") | sha256sum | cut -c1-16)
-if [[ -x $bin/kcache-e2e.test && -x $bin/kcache-pb-informer && -x $bin/kcache-informer && -x $bin/kcache-kubelet ]] && grep -qs "sha256 $hash" "$stamp"; then
+if [[ -x $bin/kcache-e2e.test && -x $bin/kcache-pb-informer && -x $bin/kcache-informer && -x $bin/kcache-kubelet && -x $bin/kcache-kube-proxy ]] && grep -qs "sha256 $hash" "$stamp"; then
   echo "$bin/kcache-e2e.test"
   exit 0
 fi
@@ -53,7 +55,8 @@ go test -c -trimpath -ldflags "$ldflags" -o "$work/kcache-e2e.test" ./runner >>"
 go build -trimpath -ldflags "$ldflags" -o "$work/kcache-pb-informer" ./informer >>"$log" 2>&1 || fail kcache-pb-informer
 go build -trimpath -ldflags "$ldflags" -o "$work/kcache-informer" ./informer-sync >>"$log" 2>&1 || fail kcache-informer
 go build -trimpath -ldflags "$ldflags" -o "$work/kcache-kubelet" ./kubelet-manager >>"$log" 2>&1 || fail kcache-kubelet
-install -m 0755 "$work/kcache-e2e.test" "$work/kcache-pb-informer" "$work/kcache-informer" "$work/kcache-kubelet" "$bin/"
-echo "kcache-e2e.test, kcache-pb-informer, kcache-informer, kcache-kubelet at $version (Go modules), $(go env GOVERSION), sha256 $hash" >"$stamp"
+go build -trimpath -ldflags "$ldflags" -o "$work/kcache-kube-proxy" ./kube-proxy >>"$log" 2>&1 || fail kcache-kube-proxy
+install -m 0755 "$work/kcache-e2e.test" "$work/kcache-pb-informer" "$work/kcache-informer" "$work/kcache-kubelet" "$work/kcache-kube-proxy" "$bin/"
+echo "kcache-e2e.test, kcache-pb-informer, kcache-informer, kcache-kubelet, kcache-kube-proxy at $version (Go modules), $(go env GOVERSION), sha256 $hash" >"$stamp"
 echo "build-programs.sh: built in $((SECONDS - start)) s" >&2
 echo "$bin/kcache-e2e.test"

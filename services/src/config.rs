@@ -189,7 +189,8 @@ impl Config {
     }
 
     /// The default resources (v1 secrets, configmaps, pods, services, endpoints,
-    /// namespaces) plus the configured ones, before discovery confirms them.
+    /// namespaces, and discovery.k8s.io/v1 endpointslices, what kube-proxy watches) plus the
+    /// configured ones, before discovery confirms them.
     pub fn resource_types(&self) -> Result<Vec<ResourceType>> {
         let mut out = vec![
             ResourceType::new("", "v1", "secrets", "Secret", true),
@@ -198,6 +199,13 @@ impl Config {
             ResourceType::new("", "v1", "services", "Service", true),
             ResourceType::new("", "v1", "endpoints", "Endpoints", true),
             ResourceType::new("", "v1", "namespaces", "Namespace", false),
+            ResourceType::new(
+                "discovery.k8s.io",
+                "v1",
+                "endpointslices",
+                "EndpointSlice",
+                true,
+            ),
         ];
         for r in &self.resources {
             if r.version.is_empty() || r.resource.is_empty() {

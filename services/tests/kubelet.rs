@@ -1,11 +1,12 @@
 //! The reference version's kubelet wiring as the judge: `kcache-kubelet`
 //! (conformance/kubelet-manager/) runs the kubelet's own watch-based Secret and ConfigMap
-//! managers, unchanged, for 100 pods × 10 objects bound to node1, authenticating as node1
-//! (so the Node authorizer decides, with the name selector of each reflector), through
-//! kcache. Every first sync is a streaming list served by kcache; the API server's watch
-//! count grows by kcache's keys, never by the kubelet's 1,000 reflectors, and folds to at
+//! managers, unchanged, for two nodes' pods — 100 pods × 10 objects each, the objects
+//! shared by both nodes' pods — authenticating as each node (so the Node authorizer
+//! decides, with the name selector of each reflector), through kcache. Every first sync is
+//! a streaming list served by kcache; the API server's watch count grows by kcache's keys,
+//! never by the kubelets' reflectors (both nodes reflect every object), and folds to at
 //! most two per namespace and resource once coalesced; no reflector waits for a bookmark
-//! that never comes; every update reaches every pod's manager.
+//! that never comes; every update reaches every pod's manager on both nodes.
 
 mod support;
 
@@ -18,9 +19,14 @@ use support::{create_as_admin, eventually, TestCluster, ADMIN_TOKEN};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const NAMESPACES: usize = 4;
+/// Per node and namespace.
 const PODS_PER_NAMESPACE: usize = 25;
 const SECRETS_PER_POD: usize = 5;
 const CONFIGMAPS_PER_POD: usize = 5;
+/// Each namespace's pool of Secrets and of ConfigMaps, which its pods on both nodes share:
+/// pod p mounts objects p..p+4 of each pool (mod the pool).
+const POOL: usize = 25;
+const NODES: [(&str, &str); 2] = [("node1", "node1token"), ("node2", "node2token")];
 
 async fn put(cluster: &TestCluster, ns: &str, resource: &str, name: &str, v: &str) {
     let (kind, data) = if resource == "secrets" {
@@ -55,13 +61,9 @@ async fn put_all(cluster: &TestCluster, v: &str) {
     let mut writes = Vec::new();
     for n in 0..NAMESPACES {
         let ns = format!("kl{n}");
-        for p in 0..PODS_PER_NAMESPACE {
-            for s in 0..SECRETS_PER_POD {
-                writes.push((ns.clone(), "secrets", format!("p{p}-s{s}")));
-            }
-            for c in 0..CONFIGMAPS_PER_POD {
-                writes.push((ns.clone(), "configmaps", format!("p{p}-c{c}")));
-            }
+        for i in 0..POOL {
+            writes.push((ns.clone(), "secrets", format!("s{i}")));
+            writes.push((ns.clone(), "configmaps", format!("c{i}")));
         }
     }
     for chunk in writes.chunks(16) {
@@ -94,76 +96,87 @@ async fn the_kubelets_own_managers_sync_and_follow_updates_through_kcache() {
             json!({"metadata": {"name": "default"}}),
         )
         .await;
-        for p in 0..PODS_PER_NAMESPACE {
-            let mut volumes = Vec::new();
-            for s in 0..SECRETS_PER_POD {
-                volumes.push(json!({"name": format!("s{s}"), "secret": {"secretName": format!("p{p}-s{s}")}}));
+        for (node, _) in NODES {
+            for p in 0..PODS_PER_NAMESPACE {
+                let mut volumes = Vec::new();
+                for s in 0..SECRETS_PER_POD {
+                    let name = format!("s{}", (p + s) % POOL);
+                    volumes.push(json!({"name": format!("s{s}"), "secret": {"secretName": name}}));
+                }
+                for c in 0..CONFIGMAPS_PER_POD {
+                    let name = format!("c{}", (p + c) % POOL);
+                    volumes.push(json!({"name": format!("c{c}"), "configMap": {"name": name}}));
+                }
+                create_as_admin(
+                    &cluster,
+                    &format!("/api/v1/namespaces/{ns}/pods"),
+                    json!({
+                        "metadata": {"name": format!("{node}-p{p}")},
+                        "spec": {
+                            "nodeName": node,
+                            "automountServiceAccountToken": false,
+                            "containers": [{"name": "c", "image": "busybox"}],
+                            "volumes": volumes,
+                        }
+                    }),
+                )
+                .await;
             }
-            for c in 0..CONFIGMAPS_PER_POD {
-                volumes.push(
-                    json!({"name": format!("c{c}"), "configMap": {"name": format!("p{p}-c{c}")}}),
-                );
-            }
-            create_as_admin(
-                &cluster,
-                &format!("/api/v1/namespaces/{ns}/pods"),
-                json!({
-                    "metadata": {"name": format!("p{p}")},
-                    "spec": {
-                        "nodeName": "node1",
-                        "automountServiceAccountToken": false,
-                        "containers": [{"name": "c", "image": "busybox"}],
-                        "volumes": volumes,
-                    }
-                }),
-            )
-            .await;
         }
     }
     put_all(&cluster, "1").await;
     let baseline =
         cluster.upstream_watches("secrets").await + cluster.upstream_watches("configmaps").await;
-    let stderr_path = cluster.dir_path().join("kcache-kubelet.stderr");
-    let mut child = tokio::process::Command::new(support::judge_bin("kcache-kubelet"))
-        .args([
-            "--server",
-            &k.url,
-            "--token",
-            "node1token",
-            "--node",
-            "node1",
-        ])
-        .args(["--await-value", "2", "--timeout", "300s"])
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&stderr_path).expect("stderr file"))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start kcache-kubelet");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let stderr = || std::fs::read_to_string(&stderr_path).unwrap_or_default();
-    let synced = tokio::time::timeout(Duration::from_secs(300), lines.next_line())
-        .await
-        .expect("the managers sync within 300 s")
-        .expect("read")
-        .unwrap_or_else(|| panic!("kcache-kubelet exited before syncing:\n{}", stderr()));
-    let objects = NAMESPACES * PODS_PER_NAMESPACE * (SECRETS_PER_POD + CONFIGMAPS_PER_POD);
-    assert_eq!(
-        synced,
-        format!(
-            "synced pods={} objects={objects}",
-            NAMESPACES * PODS_PER_NAMESPACE
-        )
-    );
-    // The kubelet's reflectors cost the API server one watch per key at most (here every
-    // object is its own name key, and coalescing adds a namespace key per namespace and
-    // resource: never one per client), and coalescing
-    // then folds the name keys to at most two per namespace and resource. (That a burst
-    // starts every name key before coalescing folds them is issue 31's to remove.)
+    // One kcache-kubelet per node, both through kcache.
+    let mut kubelets = Vec::new();
+    for (node, token) in NODES {
+        let stderr_path = cluster
+            .dir_path()
+            .join(format!("kcache-kubelet-{node}.stderr"));
+        let mut child = tokio::process::Command::new(support::judge_bin("kcache-kubelet"))
+            .args(["--server", &k.url, "--token", token, "--node", node])
+            .args(["--await-value", "2", "--timeout", "300s"])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr_path).expect("stderr file"))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start kcache-kubelet");
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        kubelets.push((node, child, lines, stderr_path));
+    }
+    let stderr = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
+    let refs = PODS_PER_NAMESPACE * NAMESPACES * (SECRETS_PER_POD + CONFIGMAPS_PER_POD);
+    for (node, _, lines, path) in &mut kubelets {
+        let synced = tokio::time::timeout(Duration::from_secs(300), lines.next_line())
+            .await
+            .expect("the managers sync within 300 s")
+            .expect("read")
+            .unwrap_or_else(|| {
+                panic!(
+                    "{node}: kcache-kubelet exited before syncing:\n{}",
+                    stderr(path)
+                )
+            });
+        assert_eq!(
+            synced,
+            format!(
+                "synced pods={} objects={refs}",
+                NAMESPACES * PODS_PER_NAMESPACE
+            ),
+            "{node}"
+        );
+    }
+    // Both nodes reflect every object (a reflector per object and node: 400); the API
+    // server sees at most one watch per kcache key — a name key per object (200) and the
+    // namespace keys coalescing adds — never one per reflector; then coalescing folds the
+    // name keys to at most two per namespace and resource.
+    let objects = NAMESPACES * POOL * 2;
+    let reflectors = objects * NODES.len();
     let during =
         cluster.upstream_watches("secrets").await + cluster.upstream_watches("configmaps").await;
     assert!(
         during <= baseline + (objects + 2 * NAMESPACES) as u64,
-        "upstream watches {baseline} -> {during} for {objects} reflectors"
+        "upstream watches {baseline} -> {during} for {objects} objects, {reflectors} reflectors"
     );
     eventually(
         "coalesced to at most two upstream watches per namespace and resource",
@@ -175,34 +188,37 @@ async fn the_kubelets_own_managers_sync_and_follow_updates_through_kcache() {
         },
     )
     .await;
-    // Every update reaches every pod's managers.
+    // Every update reaches every pod's managers on both nodes.
     put_all(&cluster, "2").await;
-    let summary = tokio::time::timeout(Duration::from_secs(300), lines.next_line())
-        .await
-        .expect("every update arrives within 300 s")
-        .expect("read")
-        .unwrap_or_default();
-    let status = child.wait().await.expect("wait");
-    assert!(
-        status.success() && !summary.is_empty(),
-        "kcache-kubelet: {status}\n{}",
-        stderr()
-    );
-    let v: Value = serde_json::from_str(&summary).expect("summary JSON");
-    assert_eq!(v["objects"], objects, "{v}");
-    // Each reflector's first sync was a streaming list, none failed, and none fell back to
-    // a plain list.
-    assert!(
-        v["streamingLists"].as_u64().unwrap_or(0) >= objects as u64,
-        "{v}"
-    );
-    assert_eq!(v["lists"], 0, "{v}");
-    assert_eq!(v["errors"], 0, "{v}");
-    assert!(
-        !stderr().contains("awaiting required bookmark"),
-        "a reflector waited for an initial-events-end bookmark:\n{}",
-        stderr()
-    );
+    for (node, mut child, mut lines, path) in kubelets {
+        let summary = tokio::time::timeout(Duration::from_secs(300), lines.next_line())
+            .await
+            .expect("every update arrives within 300 s")
+            .expect("read")
+            .unwrap_or_default();
+        let status = child.wait().await.expect("wait");
+        assert!(
+            status.success() && !summary.is_empty(),
+            "{node}: {status}\n{}",
+            stderr(&path)
+        );
+        let v: Value = serde_json::from_str(&summary).expect("summary JSON");
+        assert_eq!(v["objects"], refs, "{node}: {v}");
+        // Each reflector's first sync was a streaming list (one per object the node's pods
+        // mount), none failed, none fell back to a plain list.
+        assert!(
+            v["streamingLists"].as_u64().unwrap_or(0) >= objects as u64,
+            "{node}: {v}"
+        );
+        assert_eq!(v["lists"], 0, "{node}: {v}");
+        assert_eq!(v["errors"], 0, "{node}: {v}");
+        assert!(
+            !stderr(&path).contains("awaiting required bookmark"),
+            "{node}: a reflector waited for an initial-events-end bookmark:\n{}",
+            stderr(&path)
+        );
+        eprintln!("kcache-kubelet {node} through kcache: {v}");
+    }
     // The streaming lists were kcache's: proven fresh, none forwarded.
     let m = k.metrics_text().await;
     let forwarded = support::kcache::sum_samples(
@@ -211,5 +227,4 @@ async fn the_kubelets_own_managers_sync_and_follow_updates_through_kcache() {
         Some("outcome=\"forwarded\""),
     );
     assert_eq!(forwarded, 0.0, "consistent reads forwarded upstream");
-    eprintln!("kcache-kubelet through kcache: {v}");
 }

@@ -11,6 +11,7 @@
 //! | `viewertoken` | viewer (no RBAC bindings) | |
 //! | `nobodytoken` | nobody (no RBAC bindings) | |
 //! | `node1token` | system:node:node1 | system:nodes |
+//! | `node2token` | system:node:node2 | system:nodes |
 //! | client certificates signed by [`TestCluster::client_ca`] | CN | O |
 //!
 //! Logs (`etcd.log`, `apiserver.log`) stay in the cluster's temp dir, which is removed on
@@ -39,6 +40,7 @@ admintoken,admin,admin-uid,\"system:masters\"
 viewertoken,viewer,viewer-uid
 nobodytoken,nobody,nobody-uid
 node1token,system:node:node1,node1-uid,\"system:nodes\"
+node2token,system:node:node2,node2-uid,\"system:nodes\"
 ";
 
 /// How long etcd and the API server may take to become ready. A cold start takes ~5 s on
