@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::kcache::Kcache;
+use support::nats::{fleet_toml, Nats};
 use support::{create_as_admin, eventually, TestCluster, ADMIN_TOKEN};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -80,10 +81,29 @@ async fn put_all(cluster: &TestCluster, v: &str) {
 async fn the_kubelets_own_managers_sync_and_follow_updates_through_kcache() {
     let cluster = TestCluster::start().await;
     let k = Kcache::start(&cluster, "").await;
+    kubelets_through(&cluster, &[&k, &k]).await;
+}
+
+/// Through a 3-replica fleet: each node's kubelet on its own replica, the keys' owners
+/// wherever the fleet puts them; still at most one upstream watch per key fleet-wide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubelets_own_managers_sync_and_follow_updates_through_a_fleet() {
+    let cluster = TestCluster::start().await;
+    let nats = Nats::start(cluster.dir_path());
+    let toml = fleet_toml(cluster.dir_path(), &nats, "");
+    let mut fleet = Vec::new();
+    for id in ["a", "b", "c"] {
+        fleet.push(Kcache::start_with_args(&cluster, &toml, &["--replica-id", id]).await);
+    }
+    kubelets_through(&cluster, &[&fleet[0], &fleet[1]]).await;
+}
+
+/// Sets up two nodes' pods and runs each node's kubelet managers through `via[i]`.
+async fn kubelets_through(cluster: &TestCluster, via: &[&Kcache; 2]) {
     for n in 0..NAMESPACES {
         let ns = format!("kl{n}");
         create_as_admin(
-            &cluster,
+            cluster,
             "/api/v1/namespaces",
             json!({"metadata": {"name": ns}}),
         )
@@ -91,7 +111,7 @@ async fn the_kubelets_own_managers_sync_and_follow_updates_through_kcache() {
         // No controller-manager on this rig: the ServiceAccount admission plugin needs the
         // namespace's default ServiceAccount to exist before pods can be created.
         create_as_admin(
-            &cluster,
+            cluster,
             &format!("/api/v1/namespaces/{ns}/serviceaccounts"),
             json!({"metadata": {"name": "default"}}),
         )
@@ -108,7 +128,7 @@ async fn the_kubelets_own_managers_sync_and_follow_updates_through_kcache() {
                     volumes.push(json!({"name": format!("c{c}"), "configMap": {"name": name}}));
                 }
                 create_as_admin(
-                    &cluster,
+                    cluster,
                     &format!("/api/v1/namespaces/{ns}/pods"),
                     json!({
                         "metadata": {"name": format!("{node}-p{p}")},
@@ -124,12 +144,12 @@ async fn the_kubelets_own_managers_sync_and_follow_updates_through_kcache() {
             }
         }
     }
-    put_all(&cluster, "1").await;
+    put_all(cluster, "1").await;
     let baseline =
         cluster.upstream_watches("secrets").await + cluster.upstream_watches("configmaps").await;
     // One kcache-kubelet per node, both through kcache.
     let mut kubelets = Vec::new();
-    for (node, token) in NODES {
+    for ((node, token), k) in NODES.into_iter().zip(via) {
         let stderr_path = cluster
             .dir_path()
             .join(format!("kcache-kubelet-{node}.stderr"));
@@ -189,7 +209,7 @@ async fn the_kubelets_own_managers_sync_and_follow_updates_through_kcache() {
     )
     .await;
     // Every update reaches every pod's managers on both nodes.
-    put_all(&cluster, "2").await;
+    put_all(cluster, "2").await;
     for (node, mut child, mut lines, path) in kubelets {
         let summary = tokio::time::timeout(Duration::from_secs(300), lines.next_line())
             .await
@@ -220,11 +240,17 @@ async fn the_kubelets_own_managers_sync_and_follow_updates_through_kcache() {
         eprintln!("kcache-kubelet {node} through kcache: {v}");
     }
     // The streaming lists were kcache's: proven fresh, none forwarded.
-    let m = k.metrics_text().await;
-    let forwarded = support::kcache::sum_samples(
-        &m,
-        "kcache_consistent_reads_total",
-        Some("outcome=\"forwarded\""),
-    );
-    assert_eq!(forwarded, 0.0, "consistent reads forwarded upstream");
+    for k in via {
+        let m = k.metrics_text().await;
+        let forwarded = support::kcache::sum_samples(
+            &m,
+            "kcache_consistent_reads_total",
+            Some("outcome=\"forwarded\""),
+        );
+        assert_eq!(
+            forwarded, 0.0,
+            "consistent reads forwarded upstream by {}",
+            k.url
+        );
+    }
 }
