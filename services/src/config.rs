@@ -270,7 +270,7 @@ mod tests {
         assert_eq!(cfg.auth.anonymous, def.auth.anonymous);
         assert_eq!(cfg.auth.authz_allow_ttl_secs, def.auth.authz_allow_ttl_secs);
         assert_eq!(cfg.auth.authz_deny_ttl_secs, def.auth.authz_deny_ttl_secs);
-        assert_eq!(cfg.resource_types().expect("valid").len(), 6);
+        assert_eq!(cfg.resource_types().expect("valid").len(), 7);
         assert_eq!(cfg.nats.lease_ttl_ms, def.nats.lease_ttl_ms);
         assert_eq!(cfg.nats.heartbeat_ms, def.nats.heartbeat_ms);
         assert_eq!(cfg.nats.fallback_after_ms, def.nats.fallback_after_ms);
@@ -290,7 +290,7 @@ resource = "deployments"
         )
         .expect("parses");
         let types = cfg.resource_types().expect("valid");
-        assert_eq!(types.len(), 7);
+        assert_eq!(types.len(), 8);
         assert!(types
             .iter()
             .any(|t| t.group == "apps" && t.resource == "deployments"));
