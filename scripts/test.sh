@@ -46,7 +46,8 @@ second_e2e=$(scripts/k8s/build-programs.sh second | tail -1)
 set -x
 KCACHE_K8S_BIN=$second_bin KCACHE_E2E_TEST=$second_e2e \
   cargo test -p kcache --locked --test api_semantics --test authorization --test differential \
-  --test consistent_reads --test client_go --test kubelet --test kubectl --test protobuf \
+  --test consistent_reads --test client_go --test kubelet --test kube_proxy --test kubectl \
+  --test protobuf \
   -- --test-threads=2
 # The fleet's chaos soak, 60 s with a fixed seed (replayable): a real API server, a 3-node
 # NATS cluster and 3 replicas under kill -9s, pauses, compactions and an API server
