@@ -22,76 +22,18 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	"kcache.local/judges/judgelib"
 )
-
-type requests struct {
-	mu                                     sync.Mutex
-	Lists, Watches, StreamingLists, Errors int
-}
-
-type recorder struct {
-	next http.RoundTripper
-	r    *requests
-}
-
-func (t recorder) RoundTrip(req *http.Request) (*http.Response, error) {
-	q := req.URL.Query()
-	t.r.mu.Lock()
-	switch {
-	case q.Get("watch") == "true" && q.Get("sendInitialEvents") == "true":
-		t.r.StreamingLists++
-	case q.Get("watch") == "true":
-		t.r.Watches++
-	default:
-		t.r.Lists++
-	}
-	t.r.mu.Unlock()
-	resp, err := t.next.RoundTrip(req)
-	if err != nil || resp.StatusCode >= 400 {
-		t.r.mu.Lock()
-		t.r.Errors++
-		t.r.mu.Unlock()
-	}
-	return resp, err
-}
-
-type judge struct {
-	mu       sync.Mutex
-	lastRV   map[string]uint64
-	wentBack []string
-}
-
-func rvOf(cm *corev1.ConfigMap) uint64 {
-	n, _ := strconv.ParseUint(cm.ResourceVersion, 10, 64)
-	return n
-}
-
-func (j *judge) saw(obj interface{}) {
-	cm, ok := obj.(*corev1.ConfigMap)
-	if !ok {
-		return
-	}
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	rv := rvOf(cm)
-	if last, seen := j.lastRV[cm.Name]; seen && rv < last {
-		j.wentBack = append(j.wentBack, fmt.Sprintf("%s %d after %d", cm.Name, rv, last))
-	}
-	j.lastRV[cm.Name] = rv
-}
 
 func main() {
 	server := flag.String("server", "", "API server (or kcache) URL")
@@ -102,14 +44,7 @@ func main() {
 	timeout := flag.Duration("timeout", 120*time.Second, "give up after")
 	flag.Parse()
 
-	cfg := &rest.Config{
-		Host:            *server,
-		BearerToken:     *token,
-		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
-		QPS:             -1,
-	}
-	reqs := &requests{}
-	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return recorder{rt, reqs} }
+	cfg, reqs := judgelib.Config(*server, *token, false)
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "client:", err)
@@ -117,10 +52,10 @@ func main() {
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(*namespace))
 	inf := factory.Core().V1().ConfigMaps().Informer()
-	j := &judge{lastRV: map[string]uint64{}}
+	j := judgelib.NewNoGoingBack()
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    j.saw,
-		UpdateFunc: func(_, obj interface{}) { j.saw(obj) },
+		AddFunc:    j.Saw,
+		UpdateFunc: func(_, obj interface{}) { j.Saw(obj) },
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
@@ -153,18 +88,14 @@ func main() {
 		objects[cm.Name] = cm.Data["v"]
 		rvs[cm.Name] = cm.ResourceVersion
 	}
-	j.mu.Lock()
-	reqs.mu.Lock()
-	out, _ := json.Marshal(map[string]interface{}{
+	summary := map[string]interface{}{
 		"objects":          objects,
 		"resourceVersions": rvs,
-		"wentBack":         j.wentBack,
-		"lists":            reqs.Lists,
-		"watches":          reqs.Watches,
-		"streamingLists":   reqs.StreamingLists,
-		"errors":           reqs.Errors,
-	})
-	reqs.mu.Unlock()
-	j.mu.Unlock()
+		"wentBack":         j.Went(),
+	}
+	for k, v := range reqs.Counts() {
+		summary[k] = v
+	}
+	out, _ := json.Marshal(summary)
 	fmt.Println(string(out))
 }

@@ -23,10 +23,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
-	"strconv"
-	"sync"
 	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -35,73 +32,15 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	"kcache.local/judges/judgelib"
 )
-
-type requests struct {
-	mu                                     sync.Mutex
-	Lists, Watches, StreamingLists, Errors int
-}
-
-type recorder struct {
-	next http.RoundTripper
-	r    *requests
-}
-
-func (t recorder) RoundTrip(req *http.Request) (*http.Response, error) {
-	q := req.URL.Query()
-	t.r.mu.Lock()
-	switch {
-	case q.Get("watch") == "true" && q.Get("sendInitialEvents") == "true":
-		t.r.StreamingLists++
-	case q.Get("watch") == "true":
-		t.r.Watches++
-	default:
-		t.r.Lists++
-	}
-	t.r.mu.Unlock()
-	resp, err := t.next.RoundTrip(req)
-	if err != nil || resp.StatusCode >= 400 {
-		t.r.mu.Lock()
-		t.r.Errors++
-		t.r.mu.Unlock()
-	}
-	return resp, err
-}
-
-type judge struct {
-	mu       sync.Mutex
-	lastRV   map[string]uint64
-	wentBack []string
-}
-
-func (j *judge) saw(obj interface{}) {
-	m, err := metaOf(obj)
-	if err != nil {
-		return
-	}
-	rv, _ := strconv.ParseUint(m.GetResourceVersion(), 10, 64)
-	key := fmt.Sprintf("%T %s/%s", obj, m.GetNamespace(), m.GetName())
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if last, seen := j.lastRV[key]; seen && rv < last {
-		j.wentBack = append(j.wentBack, fmt.Sprintf("%s %d after %d", key, rv, last))
-	}
-	j.lastRV[key] = rv
-}
-
-func metaOf(obj interface{}) (metav1.Object, error) {
-	if m, ok := obj.(metav1.Object); ok {
-		return m, nil
-	}
-	return nil, fmt.Errorf("not an object: %T", obj)
-}
 
 func store(inf cache.SharedIndexInformer) map[string]string {
 	out := map[string]string{}
 	for _, obj := range inf.GetStore().List() {
-		if m, err := metaOf(obj); err == nil {
+		if m, ok := obj.(metav1.Object); ok {
 			out[m.GetNamespace()+"/"+m.GetName()] = m.GetResourceVersion()
 		}
 	}
@@ -116,18 +55,7 @@ func main() {
 	timeout := flag.Duration("timeout", 120*time.Second, "give up after")
 	flag.Parse()
 
-	cfg := &rest.Config{
-		Host:            *server,
-		BearerToken:     *token,
-		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
-		QPS:             -1,
-		ContentConfig: rest.ContentConfig{
-			AcceptContentTypes: "application/vnd.kubernetes.protobuf,application/json",
-			ContentType:        "application/vnd.kubernetes.protobuf",
-		},
-	}
-	reqs := &requests{}
-	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return recorder{rt, reqs} }
+	cfg, reqs := judgelib.Config(*server, *token, true)
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "client:", err)
@@ -147,11 +75,11 @@ func main() {
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector.String() }))
 	services := factory.Core().V1().Services().Informer()
 	slices := factory.Discovery().V1().EndpointSlices().Informer()
-	j := &judge{lastRV: map[string]uint64{}}
+	j := judgelib.NewNoGoingBack()
 	for _, inf := range []cache.SharedIndexInformer{services, slices} {
 		_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    j.saw,
-			UpdateFunc: func(_, obj interface{}) { j.saw(obj) },
+			AddFunc:    j.Saw,
+			UpdateFunc: func(_, obj interface{}) { j.Saw(obj) },
 		})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
@@ -178,18 +106,14 @@ func main() {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	j.mu.Lock()
-	reqs.mu.Lock()
-	out, _ := json.Marshal(map[string]interface{}{
+	summary := map[string]interface{}{
 		"services":       store(services),
 		"endpointSlices": store(slices),
-		"wentBack":       j.wentBack,
-		"lists":          reqs.Lists,
-		"watches":        reqs.Watches,
-		"streamingLists": reqs.StreamingLists,
-		"errors":         reqs.Errors,
-	})
-	reqs.mu.Unlock()
-	j.mu.Unlock()
+		"wentBack":       j.Went(),
+	}
+	for k, v := range reqs.Counts() {
+		summary[k] = v
+	}
+	out, _ := json.Marshal(summary)
 	fmt.Println(string(out))
 }

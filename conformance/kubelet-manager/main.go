@@ -32,45 +32,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/kubernetes/pkg/kubelet/configmap"
 	"k8s.io/kubernetes/pkg/kubelet/secret"
+
+	"kcache.local/judges/judgelib"
 )
-
-type requests struct {
-	mu                                     sync.Mutex
-	Lists, Watches, StreamingLists, Errors int
-}
-
-type recorder struct {
-	next http.RoundTripper
-	r    *requests
-}
-
-func (t recorder) RoundTrip(req *http.Request) (*http.Response, error) {
-	// Only the managers' requests count, not this program's list of the node's pods.
-	if strings.HasSuffix(req.URL.Path, "/pods") {
-		return t.next.RoundTrip(req)
-	}
-	q := req.URL.Query()
-	t.r.mu.Lock()
-	switch {
-	case q.Get("watch") == "true" && q.Get("sendInitialEvents") == "true":
-		t.r.StreamingLists++
-	case q.Get("watch") == "true":
-		t.r.Watches++
-	default:
-		t.r.Lists++
-	}
-	t.r.mu.Unlock()
-	resp, err := t.next.RoundTrip(req)
-	if err != nil || resp.StatusCode >= 400 {
-		t.r.mu.Lock()
-		t.r.Errors++
-		t.r.mu.Unlock()
-	}
-	return resp, err
-}
 
 type ref struct{ namespace, name string }
 
@@ -102,16 +68,10 @@ func main() {
 	timeout := flag.Duration("timeout", 300*time.Second, "give up after")
 	flag.Parse()
 
-	cfg := &rest.Config{
-		Host:            *server,
-		BearerToken:     *token,
-		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
-		QPS:             -1,
-		// As the kubelet: protobuf for built-in kinds.
-		ContentConfig: rest.ContentConfig{ContentType: "application/vnd.kubernetes.protobuf"},
-	}
-	reqs := &requests{}
-	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return recorder{rt, reqs} }
+	// As the kubelet: protobuf for built-in kinds.
+	cfg, reqs := judgelib.Config(*server, *token, true)
+	// Only the managers' requests count, not this program's list of the node's pods.
+	reqs.Skip = func(req *http.Request) bool { return strings.HasSuffix(req.URL.Path, "/pods") }
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "client:", err)
@@ -203,8 +163,7 @@ func main() {
 		}
 	}
 	sort.Float64s(firstRead)
-	reqs.mu.Lock()
-	out, _ := json.Marshal(map[string]interface{}{
+	summary := map[string]interface{}{
 		"pods":           len(pods.Items),
 		"objects":        objects,
 		"firstReadP50ms": percentile(firstRead, 0.5),
@@ -212,11 +171,10 @@ func main() {
 		"firstReadMaxms": percentile(firstRead, 1),
 		"readRetries":    retries.Load(),
 		"awaitedMs":      float64(time.Since(awaitStart).Microseconds()) / 1000,
-		"lists":          reqs.Lists,
-		"watches":        reqs.Watches,
-		"streamingLists": reqs.StreamingLists,
-		"errors":         reqs.Errors,
-	})
-	reqs.mu.Unlock()
+	}
+	for k, v := range reqs.Counts() {
+		summary[k] = v
+	}
+	out, _ := json.Marshal(summary)
 	fmt.Println(string(out))
 }

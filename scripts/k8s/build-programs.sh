@@ -31,7 +31,9 @@ dest=$prefix/$version
 bin=$dest/bin
 stamp=$dest/PROGRAMS-INFO
 programs=(runner informer informer-sync kubelet-manager kube-proxy)
-hash=$( (cd "$src" && find "${programs[@]}" -type f -print0 | LC_ALL=C sort -z | xargs -0 cat;
+# Go packages the programs share (not programs themselves).
+libraries=(judgelib)
+hash=$( (cd "$src" && find "${programs[@]}" "${libraries[@]}" -type f -print0 | LC_ALL=C sort -z | xargs -0 cat;
   cat "$here/build-programs.sh" "$here/lib.sh" "$here/versions.env") | sha256sum | cut -c1-16)
 if [[ -x $bin/kcache-e2e.test && -x $bin/kcache-pb-informer && -x $bin/kcache-informer && -x $bin/kcache-kubelet && -x $bin/kcache-kube-proxy ]] && grep -qs "sha256 $hash" "$stamp"; then
   echo "$bin/kcache-e2e.test"
@@ -48,7 +50,7 @@ export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
 fail() { tail -40 "$log" >&2; echo "build-programs.sh: $1 failed (log: $log)" >&2; exit 1; }
 cd "$work"
 k8s_wrapper_gomod kcache.local/judges >go.mod
-for p in "${programs[@]}"; do cp -r "$src/$p" "$work/$p"; done
+for p in "${programs[@]}" "${libraries[@]}"; do cp -r "$src/$p" "$work/$p"; done
 ldflags=$(k8s_ldflags)
 echo "build-programs.sh: building the e2e specs and client programs at $version (first time ~10 min on 2 cores), log: $log" >&2
 go test -c -trimpath -ldflags "$ldflags" -o "$work/kcache-e2e.test" ./runner >>"$log" 2>&1 || fail kcache-e2e.test

@@ -107,23 +107,13 @@ impl Informer {
 }
 
 async fn put_cm(cluster: &TestCluster, name: &str, v: &str) {
-    let resp = support::insecure_http()
-        .patch(format!(
-            "{}/api/v1/namespaces/{NS}/configmaps/{name}?fieldManager=test&force=true",
-            cluster.url
-        ))
-        .bearer_auth(ADMIN_TOKEN)
-        .header("Content-Type", "application/apply-patch+yaml")
-        .body(
-            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"v": v}})
-                .to_string(),
-        )
-        .send()
-        .await;
     // A write during an API server restart may fail; the writer goes on with the next one.
-    if let Ok(r) = resp {
-        let _ = r.bytes().await;
-    }
+    let _ = support::http::apply(
+        &cluster.url,
+        &format!("/api/v1/namespaces/{NS}/configmaps/{name}"),
+        &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"v": v}}),
+    )
+    .await;
 }
 
 async fn delete_cm(cluster: &TestCluster, name: &str) {

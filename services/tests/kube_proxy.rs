@@ -20,22 +20,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 const NS: &str = "kp";
 
 async fn apply(cluster: &TestCluster, path: &str, body: Value) {
-    let resp = support::insecure_http()
-        .patch(format!(
-            "{}{path}?fieldManager=test&force=true",
-            cluster.url
-        ))
-        .bearer_auth(ADMIN_TOKEN)
-        .header("Content-Type", "application/apply-patch+yaml")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("apply");
-    assert!(
-        resp.status().is_success(),
-        "apply {path}: {}",
-        resp.status()
-    );
+    let code = support::http::apply(&cluster.url, path, &body).await;
+    assert!(matches!(code, Some(200 | 201)), "apply {path}: {code:?}");
 }
 
 async fn slice(cluster: &TestCluster, name: &str, labels: Value) {

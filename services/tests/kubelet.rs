@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use support::kcache::Kcache;
 use support::nats::{fleet_toml, Nats};
-use support::{create_as_admin, eventually, TestCluster, ADMIN_TOKEN};
+use support::{create_as_admin, eventually, TestCluster};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const NAMESPACES: usize = 4;
@@ -39,22 +39,9 @@ async fn put(cluster: &TestCluster, ns: &str, resource: &str, name: &str, v: &st
     for (k, val) in data.as_object().expect("object") {
         body[k] = val.clone();
     }
-    let resp = support::insecure_http()
-        .patch(format!(
-            "{}/api/v1/namespaces/{ns}/{resource}/{name}?fieldManager=test&force=true",
-            cluster.url
-        ))
-        .bearer_auth(ADMIN_TOKEN)
-        .header("Content-Type", "application/apply-patch+yaml")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("apply");
-    assert!(
-        resp.status().is_success(),
-        "apply {ns}/{resource}/{name}: {}",
-        resp.status()
-    );
+    let path = format!("/api/v1/namespaces/{ns}/{resource}/{name}");
+    let code = support::http::apply(&cluster.url, &path, &body).await;
+    assert!(matches!(code, Some(200 | 201)), "apply {path}: {code:?}");
 }
 
 /// Every object of every pod set to `v`, a few writes at a time.

@@ -124,3 +124,20 @@ pub async fn delete_secret(client: &kube::Client, ns: &str, name: &str) {
         .await
         .expect("delete secret");
 }
+
+/// Server-side apply of `body` at `path` on `base` as the cluster admin (field manager
+/// `test`, conflicts forced): the answer's status, `None` when the request did not get an
+/// answer (e.g. during an API server restart).
+pub async fn apply(base: &str, path: &str, body: &Value) -> Option<u16> {
+    let resp = super::insecure_http()
+        .patch(format!("{base}{path}?fieldManager=test&force=true"))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("Content-Type", "application/apply-patch+yaml")
+        .body(body.to_string())
+        .send()
+        .await
+        .ok()?;
+    let code = resp.status().as_u16();
+    let _ = resp.bytes().await;
+    Some(code)
+}
