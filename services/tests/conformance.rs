@@ -103,12 +103,19 @@ fn parse_junit(xml: &str) -> BTreeMap<String, Outcome> {
             .map(|(n, _)| unescape_xml(n))
             .map(|n| n.strip_prefix("[It] ").map(str::to_string).unwrap_or(n))
         {
-            let outcome = if body.contains("<failure") || body.contains("<error") {
-                Outcome::Failed
-            } else if body.contains("<skipped") {
-                Outcome::Skipped
-            } else {
-                Outcome::Passed
+            // Ginkgo v2 says the outcome in a `status` attribute (a spec cut short by the
+            // runner's end is `skipped` with an empty body); without one, the body says.
+            let status = head
+                .split_once(" status=\"")
+                .and_then(|(_, r)| r.split_once('"'))
+                .map(|(st, _)| st);
+            let outcome = match status {
+                Some("passed") => Outcome::Passed,
+                Some("skipped" | "pending") => Outcome::Skipped,
+                Some(_) => Outcome::Failed,
+                None if body.contains("<failure") || body.contains("<error") => Outcome::Failed,
+                None if body.contains("<skipped") => Outcome::Skipped,
+                None => Outcome::Passed,
             };
             out.insert(name, outcome);
         }
@@ -165,8 +172,11 @@ async fn run_specs(
             // No controller-manager: no service account tokens, no namespace deletion.
             "--e2e-verify-service-account=false",
             "--delete-namespace=false",
-            "--ginkgo.noColor",
+            "--ginkgo.no-color",
         ])
+        // Specs that run kubectl (CustomResourcePublishOpenAPI) use the reference version's.
+        .arg("--kubectl-path")
+        .arg(support::bin_dir().join("kubectl"))
         .arg(format!("--ginkgo.focus={}", focus(specs)))
         .arg("--report-dir")
         .arg(&report)
@@ -340,10 +350,16 @@ fn junit_reports_parse() {
       </testcase>
       <testcase name="self-closing" classname="kcache-e2e" time="0"/>
       <testcase name="[BeforeSuite]" classname="kcache-e2e" time="0"/>
+      <testcase name="[It] cut short" classname="kcache-e2e" status="skipped" time="0"></testcase>
+      <testcase name="[It] interrupted" classname="kcache-e2e" status="interrupted" time="0"><error message="" type="interrupted">x</error></testcase>
+      <testcase name="[It] v2 passed" classname="kcache-e2e" status="passed" time="1"></testcase>
   </testsuite>"#;
     let got = parse_junit(xml);
-    assert_eq!(got.len(), 5, "{got:?}");
+    assert_eq!(got.len(), 8, "{got:?}");
     assert_eq!(got["[BeforeSuite]"], Outcome::Passed);
+    assert_eq!(got["cut short"], Outcome::Skipped);
+    assert_eq!(got["interrupted"], Outcome::Failed);
+    assert_eq!(got["v2 passed"], Outcome::Passed);
     assert_eq!(
         got["[sig-api-machinery] Watchers should observe add, update, and delete watch notifications on configmaps [Conformance]"],
         Outcome::Passed
