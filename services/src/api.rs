@@ -696,6 +696,13 @@ async fn watch(
     let rv = q.watch_or_get_rv()?;
     // Planned on the defaulted options: a watch from "" or 0 is a streaming list.
     let send_initial_events = q.list_options(true).send_initial_events;
+    // A streaming list as Table: the reference server sends the column definitions in the
+    // first event only and its initial-events-end bookmark as a Table (so that a reflector,
+    // which cannot store Tables, never syncs); kcache's Table encoder does neither, so the
+    // API server answers these itself.
+    if matches!(format, Format::Table(_)) && send_initial_events == Some(true) {
+        return Ok(Served::Forward("accept"));
+    }
     let plan = plan_watch(rv, send_initial_events, q.allow_watch_bookmarks());
     // A streaming list with the resourceVersion omitted is a consistent read: its state
     // must be at least as new as the upstream's when it arrived (the reference cacher
