@@ -61,12 +61,7 @@ async fn streaming_lists_see_every_write_made_before_them() {
     let cluster = TestCluster::start().await;
     let k = Kcache::start(&cluster, "").await;
     let admin = cluster.kube_client().await;
-    create_as_admin(
-        &cluster,
-        "/api/v1/namespaces",
-        serde_json::json!({"metadata": {"name": "fresh"}}),
-    )
-    .await;
+    support::create_namespace(&admin, "fresh").await;
     put_secret(&admin, "fresh", "base", "0").await;
     let kc = Http::new(&k.url);
     let api = Http::new(&cluster.url);
@@ -170,12 +165,7 @@ async fn a_parked_immutable_key_never_answers_a_consistent_read_with_a_deleted_o
     let cluster = TestCluster::start().await;
     let k = Kcache::start(&cluster, "").await;
     let admin = cluster.kube_client().await;
-    create_as_admin(
-        &cluster,
-        "/api/v1/namespaces",
-        serde_json::json!({"metadata": {"name": "imm"}}),
-    )
-    .await;
+    support::create_namespace(&admin, "imm").await;
     let secret = |v: &str| serde_json::json!({"metadata": {"name": "frozen"}, "immutable": true, "stringData": {"v": v}});
     create_as_admin(&cluster, "/api/v1/namespaces/imm/secrets", secret("old")).await;
     let kc = Http::new(&k.url);
