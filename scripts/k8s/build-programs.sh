@@ -39,25 +39,17 @@ if [[ -x $bin/kcache-e2e.test && -x $bin/kcache-pb-informer && -x $bin/kcache-in
   echo "$bin/kcache-e2e.test"
   exit 0
 fi
-command -v go >/dev/null || { echo "build-programs.sh: needs Go" >&2; exit 1; }
-ensure_dir "$bin"
-log=$dest/programs.log
-: >"$log"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-start=$SECONDS
-export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
-fail() { tail -40 "$log" >&2; echo "build-programs.sh: $1 failed (log: $log)" >&2; exit 1; }
+k8s_build_start programs.log
 cd "$work"
 k8s_wrapper_gomod kcache.local/judges >go.mod
 for p in "${programs[@]}" "${libraries[@]}"; do cp -r "$src/$p" "$work/$p"; done
 ldflags=$(k8s_ldflags)
 echo "build-programs.sh: building the e2e specs and client programs at $version (first time ~10 min on 2 cores), log: $log" >&2
-go test -c -trimpath -ldflags "$ldflags" -o "$work/kcache-e2e.test" ./runner >>"$log" 2>&1 || fail kcache-e2e.test
-go build -trimpath -ldflags "$ldflags" -o "$work/kcache-pb-informer" ./informer >>"$log" 2>&1 || fail kcache-pb-informer
-go build -trimpath -ldflags "$ldflags" -o "$work/kcache-informer" ./informer-sync >>"$log" 2>&1 || fail kcache-informer
-go build -trimpath -ldflags "$ldflags" -o "$work/kcache-kubelet" ./kubelet-manager >>"$log" 2>&1 || fail kcache-kubelet
-go build -trimpath -ldflags "$ldflags" -o "$work/kcache-kube-proxy" ./kube-proxy >>"$log" 2>&1 || fail kcache-kube-proxy
+go test -c -trimpath -ldflags "$ldflags" -o "$work/kcache-e2e.test" ./runner >>"$log" 2>&1 || k8s_build_fail kcache-e2e.test
+go build -trimpath -ldflags "$ldflags" -o "$work/kcache-pb-informer" ./informer >>"$log" 2>&1 || k8s_build_fail kcache-pb-informer
+go build -trimpath -ldflags "$ldflags" -o "$work/kcache-informer" ./informer-sync >>"$log" 2>&1 || k8s_build_fail kcache-informer
+go build -trimpath -ldflags "$ldflags" -o "$work/kcache-kubelet" ./kubelet-manager >>"$log" 2>&1 || k8s_build_fail kcache-kubelet
+go build -trimpath -ldflags "$ldflags" -o "$work/kcache-kube-proxy" ./kube-proxy >>"$log" 2>&1 || k8s_build_fail kcache-kube-proxy
 install -m 0755 "$work/kcache-e2e.test" "$work/kcache-pb-informer" "$work/kcache-informer" "$work/kcache-kubelet" "$work/kcache-kube-proxy" "$bin/"
 echo "kcache-e2e.test, kcache-pb-informer, kcache-informer, kcache-kubelet, kcache-kube-proxy at $version (Go modules), $(go env GOVERSION), sha256 $hash" >"$stamp"
 echo "build-programs.sh: built in $((SECONDS - start)) s" >&2

@@ -29,15 +29,7 @@ if [[ -x $bin/kube-apiserver && -x $bin/kubectl && -x $bin/etcd ]] && grep -qs "
   echo "$bin"
   exit 0
 fi
-command -v go >/dev/null || { echo "build.sh: needs Go (this machine kind has it at /usr/local/go)" >&2; exit 1; }
-ensure_dir "$bin"
-log=$dest/build.log
-: >"$log"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-start=$SECONDS
-export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
-fail() { tail -40 "$log" >&2; echo "build.sh: $1 failed (log: $log)" >&2; exit 1; }
+k8s_build_start build.log
 
 # --- kube-apiserver, kubectl ----------------------------------------------------------
 mkdir -p "$work/k8s"
@@ -46,7 +38,7 @@ k8s_wrapper_gomod kcache.local/k8s-build >go.mod
 ldflags=$(k8s_ldflags)
 echo "build.sh: building kube-apiserver and kubectl $version (first time ~10 min on 2 cores), log: $log" >&2
 for cmd in kube-apiserver kubectl; do
-  go build -trimpath -ldflags "$ldflags" -o "$work/$cmd" "k8s.io/kubernetes/cmd/$cmd" >>"$log" 2>&1 || fail "$cmd"
+  go build -trimpath -ldflags "$ldflags" -o "$work/$cmd" "k8s.io/kubernetes/cmd/$cmd" >>"$log" 2>&1 || k8s_build_fail "$cmd"
 done
 
 # --- etcd -----------------------------------------------------------------------------
@@ -69,7 +61,7 @@ etcd_mod=$(k8s_gomod_of "go.etcd.io/etcd/server/v3@$etcd_version")
   echo ")"
 } >go.mod
 echo "build.sh: building etcd $etcd_version, log: $log" >&2
-go build -trimpath -ldflags "-s -w" -o "$work/etcd-bin" go.etcd.io/etcd/server/v3 >>"$log" 2>&1 || fail etcd
+go build -trimpath -ldflags "-s -w" -o "$work/etcd-bin" go.etcd.io/etcd/server/v3 >>"$log" 2>&1 || k8s_build_fail etcd
 
 install -m 0755 "$work/kube-apiserver" "$bin/kube-apiserver"
 install -m 0755 "$work/kubectl" "$bin/kubectl"

@@ -6,6 +6,10 @@
 #   k8s_wrapper_gomod MODULE  prints a go.mod for a wrapper module named MODULE that
 #                             requires k8s.io/kubernetes $version (see below)
 #   k8s_ldflags               prints -ldflags that set the version as hack/lib/version.sh does
+#   k8s_build_start LOGNAME   once a build is needed: checks Go, creates $bin, empties
+#                             $log ($dest/LOGNAME), makes $work (removed at exit), sets
+#                             $start and exports Go's build settings
+#   k8s_build_fail STEP       prints the log's tail and exits 1
 #
 # Why a wrapper module: k8s.io/kubernetes is not meant to be a dependency — its go.mod
 # requires the staging modules (k8s.io/api, k8s.io/client-go, ...) at v0.0.0 with local
@@ -65,4 +69,22 @@ k8s_ldflags() {
     flags+=" -X k8s.io/client-go/pkg/version.$key -X k8s.io/component-base/version.$key"
   done
   echo "$flags"
+}
+
+k8s_build_start() {
+  command -v go >/dev/null || { echo "$(basename "$0"): needs Go (this machine kind has it at /usr/local/go)" >&2; exit 1; }
+  ensure_dir "$bin"
+  log=$dest/$1
+  : >"$log"
+  work=$(mktemp -d)
+  # shellcheck disable=SC2064  # $work is fixed now, on purpose
+  trap "rm -rf '$work'" EXIT
+  start=$SECONDS
+  export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+}
+
+k8s_build_fail() {
+  tail -40 "$log" >&2
+  echo "$(basename "$0"): $1 failed (log: $log)" >&2
+  exit 1
 }
