@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use actix::Addr;
-use kcache_actors::cached_object::{self, CachedObject, Read};
+use kcache_actors::cached_object::{CachedObject, Read};
 use kcache_actors::core::fresh::{judge, Probe, Verdict, Version};
 use kcache_actors::core::key::Key;
 use kcache_actors::upstream_pool::UpstreamClients;
@@ -126,11 +126,10 @@ impl Freshness {
             .collect();
         match judge(snap.rv, versions, &probe) {
             Verdict::Fresh => Ok(Proof::Fresh),
+            // Not there in time (TooLargeResourceVersion), stopping, or gone: the API
+            // server answers instead.
             Verdict::WaitFor(rv) => match addr.send(Read { min_rv: rv }).await {
                 Ok(Ok(_)) => Ok(Proof::Waited),
-                Ok(Err(e @ cached_object::Error::TooLargeResourceVersion { .. })) => {
-                    Err(behind(e.to_string()))
-                }
                 Ok(Err(e)) => Err(behind(e.to_string())),
                 Err(e) => Err(behind(e.to_string())),
             },
