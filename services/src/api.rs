@@ -110,10 +110,12 @@ async fn serve_or_proxy(
         .any(|h| h.as_str().starts_with("impersonate-"));
     if req.method() == actix_web::http::Method::GET && !impersonating {
         if let Some(rp) = parse_path(req.path()) {
+            // The resource's id, built once for the resource and its read warnings.
+            let id = (rp.group.clone(), rp.version.clone(), rp.resource.clone());
             let resource = state
                 .resources
                 .get()
-                .and_then(|r| r.get(&(rp.group.clone(), rp.version.clone(), rp.resource.clone())))
+                .and_then(|r| r.get(&id))
                 .filter(|r| fits_scope(&rp, r))
                 .cloned();
             if let (Some(resource), None) = (resource, &rp.subresource) {
@@ -142,9 +144,7 @@ async fn serve_or_proxy(
                 };
                 match format {
                     Ok(format) => {
-                        let warnings = state.read_warnings.get().and_then(|w| {
-                            w.get(&(rp.group.clone(), rp.version.clone(), rp.resource.clone()))
-                        });
+                        let warnings = state.read_warnings.get().and_then(|w| w.get(&id));
                         match serve_or_forward(req, state, &rp, &q, format, resource, received)
                             .await
                         {
