@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, Mutex, Semaphore};
 
 use crate::config::CacheConfig;
 use crate::core::backfill::Replay;
-use crate::core::key::{Key, Scope};
+use crate::core::key::Key;
 use crate::core::lines::Lines;
 use crate::core::list_stream::ListSplitter;
 use crate::core::object::EventType;
@@ -659,20 +659,9 @@ impl Run {
         }
     }
 
-    /// Only namespaced name keys of Secrets/ConfigMaps may park: the object must exist and
-    /// be immutable.
+    /// Whether the key parks on `items` (`Key::parks`), when configured to.
     fn frozen(&self, items: &[Object]) -> bool {
-        self.cfg.immutable_stop_watch
-            && self.key.may_hold_immutable()
-            && matches!(
-                self.key.scope,
-                Scope::Name {
-                    namespace: Some(_),
-                    ..
-                }
-            )
-            && !items.is_empty()
-            && items.iter().all(Object::immutable)
+        self.cfg.immutable_stop_watch && self.key.parks(items)
     }
 
     async fn report(&self, e: Error) {
@@ -757,8 +746,10 @@ impl Run {
             };
             let (msg, frozen) = match event {
                 WireEvent::Object { kind, object } => {
+                    // A name key holds one object: an immutable one added or modified
+                    // freezes the key (a re-created Secret parks again).
                     let frozen =
-                        kind == EventType::Modified && self.frozen(std::slice::from_ref(&object));
+                        kind != EventType::Deleted && self.frozen(std::slice::from_ref(&object));
                     let rv = object.rv();
                     (SourceMsg::Event { kind, object, rv }, frozen)
                 }

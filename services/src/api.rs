@@ -478,8 +478,39 @@ async fn read(
             return Ok(Err("key_budget"));
         }
     };
-    match held.addr.send(Read { min_rv }).await {
-        Ok(Ok(snap)) => Ok(Ok((held.key, snap))),
+    let snap = match snapshot(&held.addr, min_rv).await? {
+        Ok(snap) => snap,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    // A parked key (its objects all immutable, no upstream watch) hears of a deletion or
+    // re-creation only when next verified: a deleted credential must not stay readable, so
+    // the key is proven as new as the upstream before it answers, and read again.
+    if !parks(state, &held.key, &snap) {
+        return Ok(Ok((held.key, snap)));
+    }
+    if let Err(e) = state.fresh.prove(&held.key, &held.addr).await {
+        tracing::info!(error = %e, "parked key not proven fresh; forwarding upstream");
+        return Ok(Err("not_fresh"));
+    }
+    Ok(snapshot(&held.addr, min_rv)
+        .await?
+        .map(|snap| (held.key, snap)))
+}
+
+/// Whether `key` holding `snap` parks (`Key::parks`) in this configuration: it may not
+/// have heard of the latest deletion or re-creation.
+fn parks(state: &ApiState, key: &Key, snap: &cached_object::Snapshot) -> bool {
+    state.cache.immutable_stop_watch && key.parks(snap.objects.iter().map(|o| &**o))
+}
+
+/// The key's snapshot at `min_rv` or later, or `Err` with the reason when the API server
+/// should answer instead.
+async fn snapshot(
+    addr: &Addr<cached_object::CachedObject>,
+    min_rv: u64,
+) -> Result<Result<cached_object::Snapshot, &'static str>, ApiError> {
+    match addr.send(Read { min_rv }).await {
+        Ok(Ok(snap)) => Ok(Ok(snap)),
         Ok(Err(cached_object::Error::TooLargeResourceVersion { requested, current })) => {
             Err(ApiError::too_large_resource_version(requested, current))
         }
@@ -758,7 +789,14 @@ async fn watch(
         .await
         .map_err(|_| ApiError::service_unavailable("kcache is shutting down"))?
         .map_err(|e| crate::limits::too_many_requests(e.to_string()))?;
-    if consistent {
+    // A watch that starts with the key's state (from "0") must not hand out an object a
+    // parked key has not yet heard was deleted: proven like a consistent read.
+    let prove = consistent
+        || (plan.initial_events
+            && state.cache.immutable_stop_watch
+            && held.key.may_hold_immutable()
+            && matches!(snapshot(&held.addr, 0).await, Ok(Ok(snap)) if parks(state, &held.key, &snap)));
+    if prove {
         if let Err(e) = state.fresh.prove(&held.key, &held.addr).await {
             tracing::info!(error = %e, "consistent read not proven fresh; forwarding upstream");
             registry.do_send(Release {

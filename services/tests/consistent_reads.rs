@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde_json::Value;
 use support::http::{delete_secret, put_secret, Events, Http};
 use support::kcache::Kcache;
+use support::nats::{fleet_toml, Nats};
 use support::{create_as_admin, TestCluster};
 
 /// Reads a streaming list to its initial-events-end bookmark: the objects' `name → data.v`
@@ -196,4 +197,203 @@ async fn a_parked_immutable_key_never_answers_a_consistent_read_with_a_deleted_o
         [("frozen".to_string(), b64("new"))].into(),
         "the re-created Secret"
     );
+}
+
+/// Waits on a direct watch of the API server for an event of `kind` on `name`.
+async fn seen_directly(rx: &mut Events, kind: &str, name: &str) {
+    loop {
+        let ev: Value = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{kind} {name} on the direct watch within 20 s"))
+            .expect("the direct watch continues");
+        if ev["type"] == kind && ev["object"]["metadata"]["name"] == name {
+            return;
+        }
+    }
+}
+
+/// Every way a client reads a name from the cache without asking for a consistent read —
+/// a GET at resourceVersion 0, a list at 0 by name, a streaming list from 0 — as
+/// `Some(data.v)` (base64) or `None` when the object is not there.
+async fn reads_from_cache(kc: &Http, ns: &str, name: &str) -> [Option<String>; 3] {
+    let (code, obj) = kc
+        .get_admin(&format!(
+            "/api/v1/namespaces/{ns}/secrets/{name}?resourceVersion=0"
+        ))
+        .await;
+    let get = match code {
+        200 => Some(obj["data"]["v"].as_str().unwrap_or("").to_string()),
+        404 => None,
+        other => panic!("GET at resourceVersion 0: {other} {obj}"),
+    };
+    let selector = format!("fieldSelector=metadata.name%3D{name}");
+    let (code, list) = kc
+        .get_admin(&format!(
+            "/api/v1/namespaces/{ns}/secrets?resourceVersion=0&{selector}"
+        ))
+        .await;
+    assert_eq!(code, 200, "list at resourceVersion 0: {list}");
+    let items = list["items"].as_array().cloned().unwrap_or_default();
+    assert!(items.len() <= 1, "one name, at most one object: {list}");
+    let listed = items
+        .first()
+        .map(|o| o["data"]["v"].as_str().unwrap_or("").to_string());
+    let mut rx = kc
+        .watch_ok(&format!(
+            "/api/v1/namespaces/{ns}/secrets?{STREAM}&resourceVersion=0&{selector}"
+        ))
+        .await;
+    let (state, _) = initial_state(&mut rx).await;
+    [get, listed, state.get(name).cloned()]
+}
+
+/// A deleted credential must not stay readable. A name key whose Secret is immutable parks
+/// its upstream watch (as the kubelet's manager stops watching immutable objects) and hears
+/// of a deletion or re-creation only when next verified; reads that need no consistent read
+/// (resourceVersion 0) were answered from it with the old object for up to
+/// `immutable_verify_secs`. Judged by order, not by a timeout: once the deletion (or the
+/// re-creation) has reached a watch opened directly on the API server, no read through
+/// kcache returns the old object — and kcache answers them itself, proving the parked key
+/// fresh first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_read_returns_an_object_deleted_before_it_parked_or_not() {
+    let cluster = TestCluster::start().await;
+    let k = Kcache::start(&cluster, "").await;
+    deleted_objects_stay_unreadable(&cluster, &[&k]).await;
+}
+
+/// The same through a fleet: the key's owner parks, the other replica mirrors it over
+/// NATS, and its reads are proven through the owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_read_through_a_fleet_returns_an_object_deleted_before_it() {
+    let cluster = TestCluster::start().await;
+    let nats = Nats::start(cluster.dir_path());
+    let toml = fleet_toml(cluster.dir_path(), &nats, "");
+    let a = Kcache::start_with_args(&cluster, &toml, &["--replica-id", "a"]).await;
+    let b = Kcache::start_with_args(&cluster, &toml, &["--replica-id", "b"]).await;
+    deleted_objects_stay_unreadable(&cluster, &[&a, &b]).await;
+}
+
+/// Creates, reads, deletes and re-creates Secrets in namespace `gone`, reading through
+/// every replica in `replicas` (the first reads first, and owns the keys in a fleet) once
+/// each change has reached a direct watch of the API server.
+async fn deleted_objects_stay_unreadable(cluster: &TestCluster, replicas: &[&Kcache]) {
+    let admin = cluster.kube_client().await;
+    support::create_namespace(&admin, "gone").await;
+    let readers: Vec<Http> = replicas.iter().map(|k| Http::new(&k.url)).collect();
+    let read_all = |name: &'static str| {
+        let readers = &readers;
+        async move {
+            let mut out = Vec::new();
+            for r in readers {
+                out.push(reads_from_cache(r, "gone", name).await);
+            }
+            out
+        }
+    };
+    let api = Http::new(&cluster.url);
+    let secret = |v: &str| serde_json::json!({"metadata": {"name": "frozen"}, "immutable": true, "stringData": {"v": v}});
+    let path = "/api/v1/namespaces/gone/secrets";
+    let parked = || async {
+        support::eventually(
+            "the immutable key parks its upstream watch",
+            Duration::from_secs(20),
+            || async {
+                let mut sum = 0.0;
+                for k in replicas {
+                    sum += k.metric("kcache_upstream_watches").await;
+                }
+                sum == 0.0
+            },
+        )
+        .await;
+    };
+    let everywhere = |v: Option<String>| vec![[v.clone(), v.clone(), v]; replicas.len()];
+    let mut direct = direct_watch(&api, "frozen").await;
+    let mut before = Vec::new();
+    for k in replicas {
+        before.push(k.metrics_text().await);
+    }
+
+    // Created, read (the key starts and parks), deleted.
+    create_as_admin(cluster, path, secret("old")).await;
+    seen_directly(&mut direct, "ADDED", "frozen").await;
+    assert_eq!(read_all("frozen").await, everywhere(Some(b64("old"))));
+    if let [owner, mirror] = replicas {
+        let key = "/api/v1/namespaces/gone/secrets/frozen";
+        assert_eq!(owner.role(key).await, "owner");
+        assert_eq!(mirror.role(key).await, "mirror");
+    }
+    parked().await;
+    delete_secret(&admin, "gone", "frozen").await;
+    seen_directly(&mut direct, "DELETED", "frozen").await;
+    assert_eq!(
+        read_all("frozen").await,
+        everywhere(None),
+        "a deleted immutable Secret read through kcache"
+    );
+
+    // Re-created with new data, parked again, then deleted and re-created at once: only
+    // the newest object.
+    create_as_admin(cluster, path, secret("second")).await;
+    seen_directly(&mut direct, "ADDED", "frozen").await;
+    assert_eq!(read_all("frozen").await, everywhere(Some(b64("second"))));
+    parked().await;
+    delete_secret(&admin, "gone", "frozen").await;
+    create_as_admin(cluster, path, secret("third")).await;
+    seen_directly(&mut direct, "ADDED", "frozen").await;
+    assert_eq!(
+        read_all("frozen").await,
+        everywhere(Some(b64("third"))),
+        "a re-created immutable Secret read through kcache"
+    );
+
+    // A mutable Secret's key keeps its upstream watch; the same order holds for it.
+    const LIVE: [&str; 10] = [
+        "live0", "live1", "live2", "live3", "live4", "live5", "live6", "live7", "live8", "live9",
+    ];
+    for (i, name) in LIVE.into_iter().enumerate() {
+        let mut watch = direct_watch(&api, name).await;
+        put_secret(&admin, "gone", name, "v").await;
+        seen_directly(&mut watch, "ADDED", name).await;
+        assert_eq!(read_all(name).await, everywhere(Some(b64("v"))));
+        delete_secret(&admin, "gone", name).await;
+        seen_directly(&mut watch, "DELETED", name).await;
+        assert_eq!(
+            read_all(name).await,
+            everywhere(None),
+            "round {i}: a deleted Secret read through kcache"
+        );
+    }
+
+    // kcache answered the reads of the parked key itself, proving it fresh; none went to
+    // the API server for want of a proof.
+    let count = |text: &str, outcome: &str| {
+        support::kcache::sum_samples(
+            text,
+            "kcache_consistent_reads_total",
+            Some(&format!("outcome=\"{outcome}\"")),
+        )
+    };
+    let (mut forwarded, mut waited) = (0.0, 0.0);
+    for (k, before) in replicas.iter().zip(&before) {
+        let after = k.metrics_text().await;
+        forwarded += count(&after, "forwarded") - count(before, "forwarded");
+        waited += count(&after, "waited") - count(before, "waited");
+    }
+    assert_eq!(forwarded, 0.0, "reads of a parked key forwarded upstream");
+    // The first read after the deletion and the first after the re-creation found the
+    // parked key behind and waited for it to catch up.
+    assert!(
+        waited >= 2.0,
+        "reads of the parked key after a change waited for it to catch up ({waited})"
+    );
+}
+
+/// A direct watch of the API server on one name, from now.
+async fn direct_watch(api: &Http, name: &str) -> Events {
+    api.watch_ok(&format!(
+        "/api/v1/namespaces/gone/secrets?watch=1&fieldSelector=metadata.name%3D{name}"
+    ))
+    .await
 }

@@ -7,6 +7,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::core::object::Object;
 use crate::core::selector::FieldSelector;
 
 /// A resource kcache caches: `group/version/resource` plus what it needs to build paths
@@ -178,6 +179,18 @@ impl Key {
             && matches!(self.resource.resource.as_str(), "secrets" | "configmaps")
             && matches!(self.scope, Scope::Name { .. })
     }
+
+    /// Whether a key holding `objects` stops its upstream watch (parks) when immutable
+    /// objects may: a namespaced name key of a Secret or ConfigMap whose objects — at
+    /// least one — are all immutable. A parked key hears of a deletion or re-creation only
+    /// when it is next verified, so a read of such a key is proven fresh first.
+    pub fn parks<'a>(&self, objects: impl IntoIterator<Item = &'a Object>) -> bool {
+        let mut objects = objects.into_iter().peekable();
+        self.may_hold_immutable()
+            && self.namespace().is_some()
+            && objects.peek().is_some()
+            && objects.all(Object::immutable)
+    }
 }
 
 /// The key as an API path, as `/debug/keys` shows it: the upstream watch's path, with the
@@ -232,6 +245,7 @@ pub fn route(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::object::Schema;
 
     fn secrets() -> Arc<ResourceType> {
         Arc::new(ResourceType::new("", "v1", "secrets", "Secret", true))
@@ -250,6 +264,74 @@ mod tests {
     }
     fn fs(s: &str) -> FieldSelector {
         FieldSelector::parse(s).expect("valid selector")
+    }
+
+    #[test]
+    fn which_keys_park_table() {
+        let obj = |kind: &str, immutable: bool| {
+            let json = format!(
+                r#"{{"kind":"{kind}","metadata":{{"name":"s1","namespace":"a","resourceVersion":"5"}},"immutable":{immutable}}}"#
+            );
+            let schema = match kind {
+                "Secret" => Schema::Secret,
+                "ConfigMap" => Schema::ConfigMap,
+                _ => Schema::Generic,
+            };
+            Object::parse(bytes::Bytes::from(json), schema).expect("a valid object")
+        };
+        let configmaps = Arc::new(ResourceType::new("", "v1", "configmaps", "ConfigMap", true));
+        let frozen = obj("Secret", true);
+        let mutable = obj("Secret", false);
+        let frozen_cm = obj("ConfigMap", true);
+        // (key, objects, parks)
+        let cases: Vec<(Key, Vec<&Object>, bool)> = vec![
+            (
+                route(&secrets(), Some("a"), Some("s1"), &fs("")),
+                vec![&frozen],
+                true,
+            ),
+            (
+                route(&configmaps, Some("a"), Some("s1"), &fs("")),
+                vec![&frozen_cm],
+                true,
+            ),
+            // Nothing held (deleted, never created): a watch must hear of a creation.
+            (
+                route(&secrets(), Some("a"), Some("s1"), &fs("")),
+                vec![],
+                false,
+            ),
+            (
+                route(&secrets(), Some("a"), Some("s1"), &fs("")),
+                vec![&mutable],
+                false,
+            ),
+            (
+                route(&secrets(), Some("a"), Some("s1"), &fs("")),
+                vec![&frozen, &mutable],
+                false,
+            ),
+            // A cluster-wide name key holds one name across namespaces: it never parks.
+            (
+                route(&secrets(), None, Some("s1"), &fs("")),
+                vec![&frozen],
+                false,
+            ),
+            // Namespace keys and other kinds never park.
+            (
+                route(&secrets(), Some("a"), None, &fs("")),
+                vec![&frozen],
+                false,
+            ),
+            (
+                route(&pods(), Some("a"), Some("s1"), &fs("")),
+                vec![&frozen],
+                false,
+            ),
+        ];
+        for (key, objects, parks) in cases {
+            assert_eq!(key.parks(objects), parks, "{key}");
+        }
     }
 
     #[test]
