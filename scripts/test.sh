@@ -19,6 +19,9 @@ done
 # (services/tests/conformance.rs runs the specs directly and through kcache).
 KCACHE_E2E_TEST=$(scripts/k8s/build-programs.sh reference | tail -1)
 export KCACHE_E2E_TEST
+# helm, built from its Go module, for the chart's lint and render (services/tests/deploy.rs).
+KCACHE_HELM_BIN=$(scripts/k8s/build-helm.sh | tail -1)
+export KCACHE_HELM_BIN
 # Tests and scripts that run kubectl get the reference version's.
 export PATH="$KCACHE_K8S_BIN:$PATH"
 # rustfmt and clippy are rustup components; a toolchain without them cannot check format

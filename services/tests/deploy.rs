@@ -307,6 +307,136 @@ async fn every_overlay_passes_a_server_dry_run() {
     }
 }
 
+/// `kubectl apply --dry-run=server` of `yaml`: the objects as the API server would store them.
+fn dry_run(cluster: &TestCluster, yaml: &str) -> Vec<Value> {
+    items(&run(
+        kubectl(cluster).args(["apply", "--dry-run=server", "-o", "json", "-f", "-"]),
+        yaml,
+    ))
+}
+
+/// An object as it compares between the chart and the overlays: what the API server set
+/// (uid, timestamps, managed fields, kubectl's last-applied annotation) and each tool's own
+/// marks (Helm's labels, `part-of`, the config checksums that roll pods where kustomize
+/// renames the ConfigMap instead) removed; kustomize's ConfigMap name hashes cut off.
+fn comparable(mut obj: Value) -> Value {
+    fn strip_meta(meta: &mut Value) {
+        let Some(m) = meta.as_object_mut() else {
+            return;
+        };
+        for k in [
+            "uid",
+            "creationTimestamp",
+            "resourceVersion",
+            "generation",
+            "managedFields",
+        ] {
+            m.remove(k);
+        }
+        for (field, keys) in [
+            (
+                "labels",
+                &[
+                    "app.kubernetes.io/part-of",
+                    "app.kubernetes.io/managed-by",
+                    "helm.sh/chart",
+                ][..],
+            ),
+            (
+                "annotations",
+                &[
+                    "kubectl.kubernetes.io/last-applied-configuration",
+                    "checksum/config",
+                ][..],
+            ),
+        ] {
+            if let Some(map) = m.get_mut(field).and_then(Value::as_object_mut) {
+                for k in keys {
+                    map.remove(*k);
+                }
+                if map.is_empty() {
+                    m.remove(field);
+                }
+            }
+        }
+    }
+    if let Some(o) = obj.as_object_mut() {
+        o.remove("status");
+    }
+    strip_meta(&mut obj["metadata"]);
+    if obj["spec"]["template"]["metadata"].is_object() {
+        strip_meta(&mut obj["spec"]["template"]["metadata"]);
+    }
+    // `kcache-config-5h6298kmm9` → `kcache-config`, wherever it appears.
+    let text = obj.to_string();
+    let hashed = regex::Regex::new(r#""(kcache(?:-nats)?-config)-[a-z0-9]{10}""#).expect("regex");
+    serde_json::from_str(&hashed.replace_all(&text, "\"$1\"")).expect("JSON")
+}
+
+/// The Helm chart (helm built from its Go module) passes `helm lint --strict`, and `helm
+/// template` with its defaults renders exactly what `deploy/overlays/single` renders, with
+/// `fleet.enabled=true` exactly what `deploy/overlays/fleet` renders — object for object,
+/// as the reference API server's dry run stores them — so the two ways to install cannot
+/// drift apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_helm_chart_renders_what_the_overlays_render() {
+    let cluster = TestCluster::start().await;
+    run(
+        kubectl(&cluster).args(["create", "namespace", "kcache", "--save-config"]),
+        "",
+    );
+    let chart = deploy_dir().join("helm/kcache");
+    for (overlay, values) in [
+        ("single", &[][..]),
+        ("fleet", &["--set", "fleet.enabled=true"][..]),
+    ] {
+        run(
+            support::helm_command()
+                .args(["lint", "--strict"])
+                .arg(&chart)
+                .args(values),
+            "",
+        );
+        let rendered = run(
+            support::helm_command()
+                .args(["template", "kcache", "--namespace", "kcache"])
+                .arg(&chart)
+                .args(values),
+            "",
+        );
+        let by_name = |objs: Vec<Value>| -> std::collections::BTreeMap<String, Value> {
+            objs.into_iter()
+                // Helm leaves the namespace to `--create-namespace`.
+                .filter(|o| o["kind"] != "Namespace")
+                .map(comparable)
+                .map(|o| {
+                    (
+                        format!(
+                            "{} {}",
+                            o["kind"].as_str().unwrap_or(""),
+                            o["metadata"]["name"].as_str().unwrap_or("")
+                        ),
+                        o,
+                    )
+                })
+                .collect()
+        };
+        let from_chart = by_name(dry_run(&cluster, &rendered));
+        let from_overlay = by_name(dry_run(
+            &cluster,
+            &render(&deploy_dir().join("overlays").join(overlay)),
+        ));
+        assert_eq!(
+            from_chart.keys().collect::<Vec<_>>(),
+            from_overlay.keys().collect::<Vec<_>>(),
+            "{overlay}: the chart's objects"
+        );
+        for (name, obj) in &from_overlay {
+            assert_eq!(&from_chart[name], obj, "{overlay}: {name} from the chart");
+        }
+    }
+}
+
 /// The NATS server configuration of `deploy/nats` is valid for the nats-server the tests
 /// use (2.9), and kcache connects with the manifest's user, its password from a file and
 /// only the docs' permissions, and runs as a fleet on it.

@@ -59,13 +59,18 @@ pub fn free_port() -> u16 {
 /// last line printed by `scripts/k8s/build.sh` (which builds the reference version from Go
 /// modules on first use).
 pub fn bin_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("KCACHE_K8S_BIN") {
-        return PathBuf::from(dir);
-    }
+    std::env::var_os("KCACHE_K8S_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| built_by("scripts/k8s/build.sh"))
+}
+
+/// Runs a build script of the workspace (idempotent: it builds on first use only) and
+/// returns the directory it prints on its last line.
+fn built_by(script: &str) -> PathBuf {
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("services/ has a parent (the workspace root)")
-        .join("scripts/k8s/build.sh");
+        .join(script);
     let out = Command::new("bash")
         .arg(&script)
         .stdin(Stdio::null())
@@ -83,8 +88,17 @@ pub fn bin_dir() -> PathBuf {
         .lines()
         .map(str::trim)
         .rfind(|l| !l.is_empty())
-        .expect("scripts/k8s/build.sh prints the bin dir on its last line");
+        .unwrap_or_else(|| panic!("{} prints the bin dir on its last line", script.display()));
     PathBuf::from(line)
+}
+
+/// A `helm` command of the pinned version, built from its Go module: in `$KCACHE_HELM_BIN`
+/// when set, else as `scripts/k8s/build-helm.sh` builds it.
+pub fn helm_command() -> Command {
+    let dir = std::env::var_os("KCACHE_HELM_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| built_by("scripts/k8s/build-helm.sh"));
+    Command::new(dir.join("helm"))
 }
 
 /// One of kcache's Go judges built by `scripts/k8s/build-programs.sh` (`kcache-e2e.test`,
