@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One kcache-bench scenario on fresh processes: starts a new kube-apiserver v1.20.2 + etcd
+# One kcache-bench scenario on fresh processes: starts a new kube-apiserver of the reference version + etcd
 # (scripts/start-test-cluster.sh) and a release kcache, pins them, runs
 # `kcache-bench --scenario ...` against both (same client, same run), writes
 # <results>/<scenario>-<date>.json plus <scenario>-<date>-latency-cdf.png and -rss.png,

@@ -3,7 +3,7 @@
 //! watches multiplexed per connection, bearer token, authorization on), reporting side by
 //! side: RSS growth per watch and per cached object, write→delivery latency
 //! (p50/p99/max), deliveries per CPU-second, CPU seconds of the target, of the API server
-//! and of this generator, and the watches the API server holds (`apiserver_registered_watchers`)
+//! and of this generator, and the watches the API server holds (`apiserver_longrunning_requests{verb="WATCH"}`)
 //! against the clients' watches.
 //!
 //! `loadtest/run.sh` starts a fresh cluster and kcache, pins them, and runs this binary;

@@ -1,6 +1,6 @@
 //! What the harness reads about the processes under test: RSS and CPU seconds from
 //! `/proc`, and samples from a Prometheus `/metrics` endpoint (the API server's
-//! `apiserver_registered_watchers`, kcache's `kcache_terminated_watchers_total`, …).
+//! `apiserver_longrunning_requests`, kcache's `kcache_terminated_watchers_total`, …).
 
 use std::collections::BTreeMap;
 use std::ops::Sub;
@@ -142,12 +142,17 @@ pub fn sum_samples(text: &str, name: &str) -> Option<f64> {
     found.then_some(sum)
 }
 
-/// The samples of metric `name` summed by the value of one of its labels (`label`),
-/// e.g. `apiserver_registered_watchers` by `kind`; samples without the label count under
-/// the empty string.
-pub fn sum_by_label(text: &str, name: &str, label: &str) -> BTreeMap<String, f64> {
+/// The samples of metric `name` summed by the value of one of its labels (`label`), over
+/// the samples whose label `only.0` has the value `only.1` (all with `None`), e.g.
+/// `apiserver_longrunning_requests` by `resource` where `verb` is `WATCH`; samples without
+/// the label count under the empty string.
+pub fn sum_by_label_where(
+    text: &str,
+    name: &str,
+    label: &str,
+    only: Option<(&str, &str)>,
+) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    let want = format!("{label}=\"");
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let Some(rest) = line.strip_prefix(name) else {
             continue;
@@ -163,14 +168,40 @@ pub fn sum_by_label(text: &str, name: &str, label: &str) -> BTreeMap<String, f64
             .and_then(|r| r.split_once('}'))
             .map_or("", |(l, _)| l);
         // A label is at the start or after a comma (so `kind` does not match `subkind`).
-        let value = labels
-            .split(',')
-            .find_map(|kv| kv.strip_prefix(want.as_str()))
-            .and_then(|v| v.split('"').next())
-            .unwrap_or("");
-        *out.entry(value.to_string()).or_insert(0.0) += v;
+        let value_of = |label: &str| {
+            let want = format!("{label}=\"");
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(want.as_str()).map(str::to_string))
+                .and_then(|v| v.split('"').next().map(str::to_string))
+                .unwrap_or_default()
+        };
+        if only.is_some_and(|(l, want)| value_of(l) != want) {
+            continue;
+        }
+        *out.entry(value_of(label)).or_insert(0.0) += v;
     }
     out
+}
+
+/// The metric that counts the API server's open watches on every supported version:
+/// `apiserver_longrunning_requests{verb="WATCH"}` (`apiserver_registered_watchers`, which
+/// earlier harnesses read, was removed in 1.25 and reads nothing on a modern server).
+pub const APISERVER_WATCHES: &str = "apiserver_longrunning_requests";
+
+/// The API server's open watches by resource, from its `/metrics` text.
+pub fn apiserver_watches_by_resource(text: &str) -> BTreeMap<String, f64> {
+    sum_by_label_where(text, APISERVER_WATCHES, "resource", Some(("verb", "WATCH")))
+}
+
+/// The API server's open watches, from its `/metrics` text.
+pub fn apiserver_watches(text: &str) -> f64 {
+    apiserver_watches_by_resource(text).values().sum()
+}
+
+/// The API server's open watches at `base`; `None` when its metrics could not be read.
+pub async fn apiserver_watches_at(http: &reqwest::Client, base: &str, token: &str) -> Option<f64> {
+    Some(apiserver_watches(&scrape(http, base, token).await?))
 }
 
 /// Fetches `{base}/metrics` with the bearer token; `None` on any failure.
@@ -199,6 +230,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn counts_the_api_servers_watches_by_resource() {
+        let text = "# HELP apiserver_longrunning_requests x\n\
+                    apiserver_longrunning_requests{component=\"apiserver\",group=\"\",resource=\"secrets\",scope=\"resource\",subresource=\"\",verb=\"WATCH\",version=\"v1\"} 100\n\
+                    apiserver_longrunning_requests{component=\"apiserver\",group=\"\",resource=\"pods\",scope=\"cluster\",subresource=\"\",verb=\"WATCH\",version=\"v1\"} 2\n\
+                    apiserver_longrunning_requests{component=\"apiserver\",group=\"\",resource=\"pods\",scope=\"resource\",subresource=\"exec\",verb=\"CONNECT\",version=\"v1\"} 5\n";
+        assert_eq!(apiserver_watches(text), 102.0);
+        assert_eq!(
+            apiserver_watches_by_resource(text),
+            [("pods".to_string(), 2.0), ("secrets".to_string(), 100.0)].into()
+        );
+        assert_eq!(apiserver_watches(""), 0.0);
+    }
+
+    #[test]
     fn sums_label_sets_and_skips_longer_names() {
         let text = "# HELP apiserver_registered_watchers x\n\
                     apiserver_registered_watchers{group=\"\",kind=\"Secret\",version=\"v1\"} 100\n\
@@ -210,7 +255,7 @@ mod tests {
         );
         assert_eq!(sum_samples(text, "kcache_terminated_watchers_total"), None);
         assert_eq!(sum_samples("k 3\n", "k"), Some(3.0));
-        let by_kind = sum_by_label(text, "apiserver_registered_watchers", "kind");
+        let by_kind = sum_by_label_where(text, "apiserver_registered_watchers", "kind", None);
         assert_eq!(by_kind.get("Secret"), Some(&100.0));
         assert_eq!(by_kind.get("Pod"), Some(&2.0));
         assert_eq!(by_kind.len(), 2);

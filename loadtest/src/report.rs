@@ -56,9 +56,9 @@ pub struct RssStep {
 /// Watch counters from the servers' own /metrics.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ServerWatches {
-    /// `apiserver_registered_watchers` (all kinds) with the watches open, minus before:
+    /// `apiserver_longrunning_requests{verb="WATCH"}` (all resources) with the watches open, minus before:
     /// the watches the API server holds for this target's clients.
-    pub apiserver_registered_watchers_added: Option<f64>,
+    pub apiserver_watches_added: Option<f64>,
     /// kcache only: `kcache_registered_watchers` with the watches open.
     pub kcache_registered_watchers: Option<f64>,
     /// kcache only: `kcache_upstream_watches` with the watches open.
@@ -183,8 +183,8 @@ impl TargetReport {
                 Some(self.cpu_write.generator),
             ),
             (
-                "apiserver_registered_watchers_added",
-                self.server_watches.apiserver_registered_watchers_added,
+                "apiserver_watches_added",
+                self.server_watches.apiserver_watches_added,
             ),
             (
                 "terminated_watchers",

@@ -300,10 +300,8 @@ fn main() -> ExitCode {
     type Row = (&'static str, usize, Vec<Option<f64>>);
     let each = |f: &dyn Fn(&Part) -> Option<f64>| parts.iter().map(f).collect::<Vec<_>>();
     let kind = |p: &Part, k: &str| {
-        p.present().then(|| {
-            p.f(&format!("apiserver_registered_watchers.added.{k}"))
-                .unwrap_or(0.0)
-        })
+        p.present()
+            .then(|| p.f(&format!("apiserver_watches.added.{k}")).unwrap_or(0.0))
     };
     let rows: Vec<Row> = vec![
         ("watches requested", 0, each(&|p| p.r("client_watches"))),
@@ -331,12 +329,12 @@ fn main() -> ExitCode {
         (
             "API server watches added: all kinds",
             0,
-            each(&|p| p.f("apiserver_registered_watchers.added_total")),
+            each(&|p| p.f("apiserver_watches.added_total")),
         ),
         (
             "API server watches added: peak while opening",
             0,
-            each(&|p| p.f("apiserver_registered_watchers.peak_added")),
+            each(&|p| p.f("apiserver_watches.peak_added")),
         ),
         (
             "upstream watches per namespace: max",
@@ -521,9 +519,7 @@ fn main() -> ExitCode {
         )
         .as_f64()
         .unwrap_or(0.0);
-        let added = on
-            .f("apiserver_registered_watchers.added_total")
-            .unwrap_or(f64::MAX);
+        let added = on.f("apiserver_watches.added_total").unwrap_or(f64::MAX);
         added <= namespaces * args.per_namespace_aim as f64
     });
     let exact: Vec<(String, Option<bool>)> = parts

@@ -1,7 +1,7 @@
 //! The fleet benchmark (`loadtest/fleet.sh`): single-object Secret watches spread over the
 //! replicas of a kcache fleet, writes to the API server, and in one run:
 //!
-//! - upstream watches the API server holds (`apiserver_registered_watchers`) and the
+//! - upstream watches the API server holds (`apiserver_longrunning_requests{verb="WATCH"}`) and the
 //!   fleet's `kcache_upstream_watches`, against the number of client watches;
 //! - write→delivery latency for watches on the key's owner (same replica) and on the
 //!   other replicas (events crossed NATS), so the added cross-replica latency is measured
@@ -111,20 +111,26 @@ async fn metrics_text(http: &reqwest::Client, base: &str, token: &str) -> Option
     resp.text().await.ok()
 }
 
-/// The sum of a metric's samples whose line contains `label`.
-fn metric_sum(text: &str, name: &str, label: &str) -> f64 {
+/// The sum of a metric's samples whose line contains every one of `labels`.
+fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| l.contains(label))
+        .filter(|l| labels.iter().all(|label| l.contains(label)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
 
-async fn metric(http: &reqwest::Client, base: &str, token: &str, name: &str, label: &str) -> f64 {
+async fn metric(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    name: &str,
+    labels: &[&str],
+) -> f64 {
     metrics_text(http, base, token)
         .await
-        .map_or(0.0, |t| metric_sum(&t, name, label))
+        .map_or(0.0, |t| metric_sum(&t, name, labels))
 }
 
 async fn debug_keys(http: &reqwest::Client, base: &str, token: &str) -> Value {
@@ -379,7 +385,7 @@ async fn changes(http: &reqwest::Client, base: &str, token: &str) -> Option<Chan
                 *slot = metric_sum(
                     &text,
                     "kcache_fleet_ownership_changes_total",
-                    &format!("change=\"{change}\""),
+                    &[&format!("change=\"{change}\"")],
                 );
             }
             return Some(c);
@@ -973,12 +979,14 @@ async fn main() {
             .send()
             .await;
     }
-    let kind = "kind=\"Secret\"";
+    // The API server's Secret watches (`apiserver_registered_watchers`, which this read
+    // before, was removed in 1.25).
+    let kind = &["resource=\"secrets\"", "verb=\"WATCH\""][..];
     let baseline = metric(
         &http,
         &args.apiserver,
         &args.token,
-        "apiserver_registered_watchers",
+        "apiserver_longrunning_requests",
         kind,
     )
     .await;
@@ -997,7 +1005,7 @@ async fn main() {
         &http,
         &args.apiserver,
         &args.token,
-        "apiserver_registered_watchers",
+        "apiserver_longrunning_requests",
         kind,
     )
     .await
@@ -1007,7 +1015,7 @@ async fn main() {
     let mut owner: HashMap<usize, usize> = HashMap::new();
     for (r, rep) in replicas.iter().enumerate() {
         upstream_kcache +=
-            metric(&http, &rep.url, &args.token, "kcache_upstream_watches", "").await;
+            metric(&http, &rep.url, &args.token, "kcache_upstream_watches", &[]).await;
         let keys = debug_keys(&http, &rep.url, &args.token).await;
         for k in keys["keys"].as_array().into_iter().flatten() {
             let role = k["role"].as_str().unwrap_or("owner");

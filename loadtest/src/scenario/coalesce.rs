@@ -25,7 +25,7 @@
 //! wait 10 s and read the baseline; open the watches node by node in `--steps` steps, at
 //! most 100 nodes each (RSS after each; each step waits for its watches), wait
 //! `--settle-secs` (45: kcache's name keys that handed their watchers to a namespace key
-//! stop after its 30 s grace period), read `apiserver_registered_watchers` by kind, kcache's RSS, its coalescing metrics and `/debug/keys` (upstream watches per
+//! stop after its 30 s grace period), read the API server's watches by resource (`apiserver_longrunning_requests{verb="WATCH"}`), kcache's RSS, its coalescing metrics and `/debug/keys` (upstream watches per
 //! namespace); force a collection again, wait 10 s and read the API server's RSS and live
 //! memory (heap objects + goroutine stacks) against the baseline's. Without the forced
 //! collections the API server's RSS moves by tens of MiB either way with the garbage it
@@ -268,8 +268,8 @@ async fn setup(ctx: &Ctx, p: &Params) {
 struct Snapshot {
     apiserver_rss_kib: u64,
     target_rss_kib: u64,
-    /// `apiserver_registered_watchers` by kind.
-    apiserver_registered_watchers: BTreeMap<String, f64>,
+    /// The API server's watches by resource.
+    apiserver_watches: BTreeMap<String, f64>,
     /// The API server's `go_memstats_heap_inuse_bytes`: live heap, which RSS lags behind
     /// (the Go runtime returns freed memory to the system slowly).
     apiserver_heap_inuse_bytes: Option<f64>,
@@ -367,8 +367,7 @@ async fn snapshot(ctx: &Ctx, t: &Target) -> Snapshot {
         ..Default::default()
     };
     if let Some(text) = &api {
-        s.apiserver_registered_watchers =
-            probe::sum_by_label(text, "apiserver_registered_watchers", "kind");
+        s.apiserver_watches = probe::apiserver_watches_by_resource(text);
         s.apiserver_heap_inuse_bytes = probe::sum_samples(text, "go_memstats_heap_inuse_bytes");
         s.apiserver_goroutines = probe::sum_samples(text, "go_goroutines");
     }
@@ -384,14 +383,14 @@ async fn snapshot(ctx: &Ctx, t: &Target) -> Snapshot {
 }
 
 fn registered_total(s: &Snapshot) -> f64 {
-    s.apiserver_registered_watchers.values().sum()
+    s.apiserver_watches.values().sum()
 }
 
 /// One sample of the sampler.
 #[derive(Clone, Debug, Serialize)]
 struct Sample {
     seconds: f64,
-    apiserver_registered_watchers: f64,
+    apiserver_watches: f64,
     apiserver_rss_kib: u64,
     target_rss_kib: u64,
     kcache_upstream_watches: Option<f64>,
@@ -414,10 +413,9 @@ impl Sampler {
             let start = Instant::now();
             let mut out = Vec::new();
             while !flag.load(Ordering::Relaxed) {
-                let registered =
-                    probe::metric(&http, &api_url, &token, "apiserver_registered_watchers")
-                        .await
-                        .unwrap_or(f64::NAN);
+                let registered = probe::apiserver_watches_at(&http, &api_url, &token)
+                    .await
+                    .unwrap_or(f64::NAN);
                 let upstream = if kcache {
                     probe::metric(&http, &t_url, &token, "kcache_upstream_watches").await
                 } else {
@@ -425,7 +423,7 @@ impl Sampler {
                 };
                 out.push(Sample {
                     seconds: start.elapsed().as_secs_f64(),
-                    apiserver_registered_watchers: registered,
+                    apiserver_watches: registered,
                     apiserver_rss_kib: probe::rss_kib(api_pid),
                     target_rss_kib: probe::rss_kib(t_pid),
                     kcache_upstream_watches: upstream,
@@ -617,13 +615,10 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         let end = snapshot(ctx, t).await;
         let (mut report, sorted) = s.finish(0, &written).await;
 
-        let registered_added = diff(
-            &settled.apiserver_registered_watchers,
-            &before.apiserver_registered_watchers,
-        );
+        let registered_added = diff(&settled.apiserver_watches, &before.apiserver_watches);
         let peak_registered = samples
             .iter()
-            .map(|s| s.apiserver_registered_watchers)
+            .map(|s| s.apiserver_watches)
             .chain([registered_total(&after_open), registered_total(&settled)])
             .filter(|v| v.is_finite())
             .fold(f64::NAN, f64::max);
@@ -708,10 +703,10 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
                 "after_gc": after_gc.target_rss_kib,
                 "growth": kib(settled.target_rss_kib, before.target_rss_kib),
             },
-            "apiserver_registered_watchers": {
-                "before": before.apiserver_registered_watchers,
-                "after_open": after_open.apiserver_registered_watchers,
-                "after_settle": settled.apiserver_registered_watchers,
+            "apiserver_watches": {
+                "before": before.apiserver_watches,
+                "after_open": after_open.apiserver_watches,
+                "after_settle": settled.apiserver_watches,
                 "added": registered_added,
                 "added_total": registered_added.values().sum::<f64>(),
                 "peak_added": peak_registered - registered_total(&before),

@@ -195,13 +195,8 @@ impl<'a> Session<'a> {
             rss: probe::rss_kib(target.pid),
             apiserver_rss: probe::rss_kib(ctx.args.apiserver_pid),
             cpu: Cpu::now(target.pid, ctx.args.apiserver_pid),
-            registered: probe::metric(
-                http,
-                &ctx.args.apiserver,
-                &ctx.args.token,
-                "apiserver_registered_watchers",
-            )
-            .await,
+            registered: probe::apiserver_watches_at(http, &ctx.args.apiserver, &ctx.args.token)
+                .await,
             terminated: probe::metric(
                 http,
                 &target.url,
@@ -352,14 +347,8 @@ impl<'a> Session<'a> {
         self.cpu_open = Cpu::now(self.target.pid, ctx.args.apiserver_pid) - self.before.cpu;
         let http = &ctx.api.http;
         let token = &ctx.args.token;
-        let registered = probe::metric(
-            http,
-            &ctx.args.apiserver,
-            token,
-            "apiserver_registered_watchers",
-        )
-        .await;
-        self.server_watches.apiserver_registered_watchers_added =
+        let registered = probe::apiserver_watches_at(http, &ctx.args.apiserver, token).await;
+        self.server_watches.apiserver_watches_added =
             registered.zip(self.before.registered).map(|(a, b)| a - b);
         if !self.target.is_apiserver() {
             let text = probe::scrape(http, &self.target.url, token).await;
@@ -381,7 +370,7 @@ impl<'a> Session<'a> {
             self.before.apiserver_rss,
             self.apiserver_rss_after,
             self.server_watches
-                .apiserver_registered_watchers_added
+                .apiserver_watches_added
                 .map_or("?".into(), |v| v.to_string()),
         ));
     }

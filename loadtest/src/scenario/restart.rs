@@ -1102,9 +1102,7 @@ async fn measure(
         read_metrics(ctx, &t.url, &gauges).await
     };
     let api_text = probe::scrape(&ctx.api.http, &ctx.args.apiserver, &ctx.args.token).await;
-    let registered = api_text
-        .as_deref()
-        .and_then(|t| probe::sum_samples(t, "apiserver_registered_watchers"));
+    let registered = api_text.as_deref().map(probe::apiserver_watches);
     for h in handles {
         h.abort();
     }
@@ -1285,7 +1283,7 @@ async fn measure(
             },
             "upstream_lists_method": "kcache: kcache_upstream_lists_total from just before the kill to the end (includes probes, see kcache.kcache_upstream_probes_total); apiserver_requests: the restarted API server's apiserver_request_total{verb=LIST} for secrets and configmaps since it started (its own loopback clients included); watches_open: its apiserver_longrunning_gauge{verb=WATCH} for them at the end",
             "apiserver_requests": api_requests,
-            "apiserver_registered_watchers_at_end": registered,
+            "apiserver_watches_at_end": registered,
             "kcache": kcache_section,
         }
     });
