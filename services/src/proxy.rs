@@ -393,9 +393,10 @@ impl Proxy {
         body: web::Payload,
         impersonate: Option<&crate::auth::UserInfo>,
     ) -> Result<HttpResponse, ApiError> {
-        if req.headers().get("upgrade").is_some_and(|v| !v.is_empty()) {
+        let upgrade = Upgrade::of(req);
+        if upgrade == Upgrade::Other {
             return Err(ApiError::bad_request(
-                "kcache does not proxy connection upgrades (exec, attach, port-forward); use the API server directly",
+                "kcache proxies connection upgrades only to WebSocket (kubectl's default for exec, attach and port-forward since 1.31); use WebSocket or the API server directly",
             ));
         }
         // A declared length over the cap is refused before anything goes upstream.
@@ -444,20 +445,35 @@ impl Proxy {
             }
             builder = builder.header(n, value.as_bytes());
         }
+        if upgrade == Upgrade::WebSocket {
+            // The handshake goes upstream as the client sent it (its key, version and
+            // subprotocols above): the API server's answer is the client's.
+            builder = builder
+                .header("connection", "Upgrade")
+                .header("upgrade", "websocket");
+        }
         if let Some(user) = impersonate {
             builder = builder.header("Impersonate-User", user.username.as_str());
             for g in user.groups.iter().filter(|g| *g != "system:authenticated") {
                 builder = builder.header("Impersonate-Group", g.as_str());
             }
         }
-        let (upstream_body, failure) = match body {
-            RequestBody::Whole(whole) => (whole, Arc::new(OnceLock::new())),
-            RequestBody::Streamed(payload) => self.stream_body(payload),
+        let (upstream_body, failure, body) = match body {
+            // The client's bytes after the handshake are the upgraded connection's, not a
+            // request body: they go upstream once the API server has switched.
+            body if upgrade == Upgrade::WebSocket => {
+                (empty(), Arc::new(OnceLock::new()), Some(body))
+            }
+            RequestBody::Whole(whole) => (whole, Arc::new(OnceLock::new()), None),
+            RequestBody::Streamed(payload) => {
+                let (b, f) = self.stream_body(payload);
+                (b, f, None)
+            }
         };
         let upstream_req = builder
             .body(upstream_body)
             .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
-        let resp = client.clone().oneshot(upstream_req).await.map_err(|e| {
+        let mut resp = client.clone().oneshot(upstream_req).await.map_err(|e| {
             // Set before the body was aborted, so it is here when that failed the request.
             match failure.get() {
                 Some(Error::BodyTooLarge(_)) => self.too_large(),
@@ -479,21 +495,51 @@ impl Proxy {
             StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
         metrics::counter!(PROXIED_REQUESTS, "code" => status.as_u16().to_string()).increment(1);
         let mut out = HttpResponse::build(status);
+        let switched = status == StatusCode::SWITCHING_PROTOCOLS && upgrade == Upgrade::WebSocket;
+        let typed = resp.headers().contains_key("content-type");
         for (name, value) in resp.headers() {
-            if HOP_BY_HOP.contains(&name.as_str()) || name.as_str() == "content-length" {
+            // A switch keeps its `Upgrade` (actix adds `Connection: upgrade` itself).
+            if (HOP_BY_HOP.contains(&name.as_str()) && !(switched && name == "upgrade"))
+                || name.as_str() == "content-length"
+            {
                 continue;
             }
             out.append_header((name.as_str(), value.as_bytes()));
+        }
+        if switched {
+            let upgraded = hyper::upgrade::on(&mut resp).await.map_err(|e| {
+                tracing::warn!(error = %e, "the API server switched protocols but the connection could not be taken over");
+                ApiError::service_unavailable(format!("upgrading the connection to the API server: {e}"))
+            })?;
+            return Ok(without_default_type(
+                out.streaming(relay(upgraded, payload_of(body), in_flight)),
+                typed,
+            ));
+        }
+        if upgrade == Upgrade::WebSocket {
+            // A refused handshake. actix reads the rest of an upgrade request's connection
+            // as its payload and would write a streamed answer raw under a chunked header:
+            // the answer (a Status) goes whole, and the connection closes after it.
+            let body = http_body_util::Limited::new(resp.into_body(), REFUSED_UPGRADE_MAX)
+                .collect()
+                .await
+                .map_err(|e| {
+                    ApiError::service_unavailable(format!("reading the API server's answer: {e}"))
+                })?
+                .to_bytes();
+            drop(in_flight);
+            return Ok(out.force_close().body(body));
         }
         // The slot is held until the response body ends or the client goes away.
         let stream = resp.into_body().into_data_stream().map(move |chunk| {
             let _held = &in_flight;
             chunk.map_err(|e| actix_web::error::ErrorBadGateway(e.to_string()))
         });
-        Ok(match hangup {
+        let res = match hangup {
             Some(sock) => out.streaming(stream.take_until(Box::pin(sock.closed(HANGUP_CHECK)))),
             None => out.streaming(stream),
-        })
+        };
+        Ok(without_default_type(res, typed))
     }
 
     /// A request body of no declared length (chunked) or a large one, as it arrives, for
@@ -544,6 +590,86 @@ impl Proxy {
         });
         (body.map_err(BoxError::from).boxed_unsync(), failure)
     }
+}
+
+/// actix gives a streamed response `Content-Type: application/octet-stream` when it has
+/// none; the API server's answer had none (`typed` false), so neither does the client's.
+fn without_default_type(mut res: HttpResponse, typed: bool) -> HttpResponse {
+    if !typed {
+        res.headers_mut().remove("content-type");
+    }
+    res
+}
+
+/// The most of the API server's answer to a handshake it refused that kcache passes on.
+const REFUSED_UPGRADE_MAX: usize = 1 << 20;
+
+/// The most an upgraded connection's relay reads from the API server at a time.
+const RELAY_CHUNK: usize = 16 << 10;
+
+/// What a request asks its connection to become.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Upgrade {
+    None,
+    /// An HTTP/1.1 WebSocket handshake (`Upgrade: websocket`, `Connection: upgrade`): kcache
+    /// relays the switched connection byte for byte.
+    WebSocket,
+    /// Any other protocol (SPDY/3.1): actix reads no stream after such a request's head, so
+    /// kcache cannot relay it.
+    Other,
+}
+
+impl Upgrade {
+    fn of(req: &HttpRequest) -> Upgrade {
+        match req.headers().get("upgrade").map(|v| v.as_bytes()) {
+            None | Some(b"") => Upgrade::None,
+            Some(v)
+                if v.trim_ascii().eq_ignore_ascii_case(b"websocket") && req.head().upgrade() =>
+            {
+                Upgrade::WebSocket
+            }
+            Some(_) => Upgrade::Other,
+        }
+    }
+}
+
+/// The client's side of an upgraded connection: the bytes actix delivers after the
+/// handshake's head.
+fn payload_of(body: Option<RequestBody>) -> dev::Payload {
+    match body {
+        Some(RequestBody::Streamed(payload)) => payload,
+        _ => dev::Payload::None,
+    }
+}
+
+/// Relays a switched connection: the API server's bytes are the response body, the
+/// client's go upstream from a task on this worker (the payload cannot leave it). The
+/// proxy slot is held until the API server's side ends; the client's end of input closes
+/// the upstream's write side, as a TCP proxy would.
+fn relay(
+    upgraded: hyper::upgrade::Upgraded,
+    mut payload: dev::Payload,
+    slot: impl Send + 'static,
+) -> impl futures::Stream<Item = Result<Bytes, actix_web::Error>> {
+    use tokio::io::AsyncWriteExt;
+    let (read, mut write) = tokio::io::split(hyper_util::rt::TokioIo::new(upgraded));
+    actix_web::rt::spawn(async move {
+        while let Some(Ok(chunk)) = payload.next().await {
+            if write.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+        let _ = write.shutdown().await;
+    });
+    futures::stream::unfold((read, slot), |(mut read, slot)| async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = bytes::BytesMut::with_capacity(RELAY_CHUNK);
+        match read.read_buf(&mut buf).await {
+            Ok(0) => None,
+            Ok(_) => Some((Ok(buf.freeze()), (read, slot))),
+            Err(e) => Some((Err(actix_web::error::ErrorBadGateway(e)), (read, slot))),
+        }
+    })
 }
 
 /// A proxied request's body: read before its slot was taken, or to stream after.
