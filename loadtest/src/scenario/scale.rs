@@ -5,8 +5,8 @@
 //! holds ~100 KB and a core's worth of CPU per 10,000 watches on this kind of machine);
 //! the output says so whenever it measured fewer watches than kcache.
 //!
-//! Connections: `--per-connection` watches per HTTP/2 connection (250 connections for
-//! 50,000 watches), optionally spread over `--source-addrs` loopback source addresses.
+//! Connections: `--per-connection` watches per HTTP/2 connection (500 connections for
+//! 50,000 watches at the default 100), optionally spread over `--source-addrs` loopback source addresses.
 
 use serde_json::json;
 
