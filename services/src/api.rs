@@ -166,10 +166,14 @@ async fn serve_or_proxy(
             }
         }
     }
-    let result = match (cert_user(req), req.headers().contains_key("authorization")) {
-        // A certificate cannot be forwarded: the request goes as kcache impersonating the
+    let result = match (cert_auth(req), req.headers().contains_key("authorization")) {
+        // A certificate with a name is who the API server would see, whatever token comes
+        // with it; it cannot be forwarded: the request goes as kcache impersonating that
         // user, or not at all.
-        (Some(user), false) => state.proxy.forward_as(req, body, &user).await,
+        (CertAuth::User(user), _) => state.proxy.forward_as(req, body, &user).await,
+        // A certificate that failed authentication leaves only a token; without one the
+        // API server answers 401, never anonymous.
+        (CertAuth::Failed, false) => Err(ApiError::unauthorized()),
         _ => state.proxy.forward(req, body).await,
     };
     (ServedBy::Proxy, result)
@@ -274,19 +278,24 @@ fn fits_scope(rp: &ResourcePath, resource: &ResourceType) -> bool {
     }
 }
 
-/// Authenticates the request: a bearer token through TokenReview; no credentials is
-/// `system:anonymous` when allowed (as the API server's `--anonymous-auth=true`).
+/// Authenticates the request as the API server's authenticator chain does: a verified
+/// client certificate with a common name first, then a bearer token through TokenReview;
+/// no credentials is `system:anonymous` when allowed (as the API server's
+/// `--anonymous-auth=true`) — but not after a certificate failed authentication.
 pub async fn identify(req: &HttpRequest, state: &ApiState) -> Result<UserInfo, ApiError> {
     let authorization = req.headers().get("authorization").map(|v| v.as_bytes());
-    // A verified client certificate (the API server's x509 authenticator comes first).
-    if let Some(user) = cert_user(req) {
-        return Ok(user);
-    }
+    let cert_failed = match cert_auth(req) {
+        CertAuth::User(user) => return Ok(user),
+        CertAuth::Failed => true,
+        CertAuth::None => false,
+    };
     match state.auth.authenticate(authorization).await {
         Ok(user) => Ok(user),
         // No bearer credential (none, or another scheme): anonymous, as upstream, when
         // allowed.
-        Err(auth::Error::MissingToken) if state.anonymous.load(Ordering::Relaxed) => {
+        Err(auth::Error::MissingToken)
+            if !cert_failed && state.anonymous.load(Ordering::Relaxed) =>
+        {
             Ok(UserInfo::anonymous())
         }
         Err(auth::Error::MissingToken | auth::Error::InvalidToken) => Err(ApiError::unauthorized()),
@@ -299,17 +308,44 @@ pub async fn identify(req: &HttpRequest, state: &ApiState) -> Result<UserInfo, A
     }
 }
 
-/// The user of a client certificate verified against `--client-ca-file`.
-fn cert_user(req: &HttpRequest) -> Option<UserInfo> {
-    let cert = req.conn_data::<crate::tls::ClientCert>()?;
-    let (username, mut groups) = crate::tls::cert_identity(&cert.0)?;
-    groups.push("system:authenticated".into());
-    Some(UserInfo {
-        username,
-        uid: String::new(),
-        groups,
-        extra: Default::default(),
-    })
+/// What the connection's client certificate says (`crate::cert_identity`).
+enum CertAuth {
+    /// No certificate, or one without a common name: other credentials decide.
+    None,
+    User(UserInfo),
+    /// The x509 authenticator failed (a malformed UID): only a bearer token can still
+    /// authenticate the request; it is never anonymous.
+    Failed,
+}
+
+/// The user of a client certificate verified against `--client-ca-file`, as the API
+/// server's x509 authenticator reads it.
+fn cert_auth(req: &HttpRequest) -> CertAuth {
+    use crate::cert_identity::{identity, Identity};
+    let Some(cert) = req.conn_data::<crate::tls::ClientCert>() else {
+        return CertAuth::None;
+    };
+    match identity(&cert.0) {
+        Ok(Identity::User {
+            name,
+            uid,
+            mut groups,
+            extra,
+        }) => {
+            groups.push("system:authenticated".into());
+            CertAuth::User(UserInfo {
+                username: name,
+                uid,
+                groups,
+                extra,
+            })
+        }
+        Ok(Identity::Nobody) => CertAuth::None,
+        Err(e) => {
+            tracing::info!(error = %e, "client certificate not authenticated");
+            CertAuth::Failed
+        }
+    }
 }
 
 /// Authorizes `attrs` for `user` with a SubjectAccessReview; a denial is the API server's 403.

@@ -17,6 +17,7 @@ pub mod api;
 pub mod audit;
 pub mod auth;
 pub mod authz;
+pub mod cert_identity;
 pub mod config;
 pub mod discovery;
 pub mod fresh;

@@ -127,12 +127,13 @@ pub fn server_config(
             for c in cas {
                 roots.add(c).map_err(Error::ClientCa)?;
             }
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            let webpki = rustls::server::WebPkiClientVerifier::builder_with_provider(
                 Arc::new(roots),
                 provider,
             )
             .allow_unauthenticated()
             .build()?;
+            let verifier = Arc::new(GoParsedClientCerts(webpki));
             builder
                 .with_client_cert_verifier(verifier)
                 .with_cert_resolver(resolver)
@@ -403,22 +404,65 @@ pub fn connection_info(conn: &dyn std::any::Any, ext: &mut actix_web::dev::Exten
     }
 }
 
-/// The identity of a verified client certificate, as the API server's x509 authenticator
-/// reads it: common name = user, organizations = groups.
-pub fn cert_identity(der: &[u8]) -> Option<(String, Vec<String>)> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let subject = cert.subject();
-    let user = subject
-        .iter_common_name()
-        .next()?
-        .as_str()
-        .ok()?
-        .to_string();
-    let groups = subject
-        .iter_organization()
-        .filter_map(|o| o.as_str().ok().map(str::to_string))
-        .collect();
-    Some((user, groups))
+/// The client-certificate check of the API server's TLS handshake: Go parses every
+/// certificate the client presents before it verifies the chain, and refuses one whose
+/// names it cannot read (`crate::cert_identity::go_parses_names`) — which webpki accepts. A
+/// certificate the API server would refuse at the handshake is refused here too, so no
+/// identity is ever read from it.
+#[derive(Debug)]
+struct GoParsedClientCerts(Arc<dyn rustls::server::danger::ClientCertVerifier>);
+
+impl rustls::server::danger::ClientCertVerifier for GoParsedClientCerts {
+    fn offer_client_auth(&self) -> bool {
+        self.0.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.0.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.0.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> std::result::Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        for cert in std::iter::once(end_entity).chain(intermediates) {
+            if let Err(e) = crate::cert_identity::go_parses_names(cert) {
+                tracing::info!(error = %e, "refusing a client certificate the API server would not parse");
+                return Err(rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::BadEncoding,
+                ));
+            }
+        }
+        self.0.verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
 }
 
 fn self_signed(hosts: &[String]) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
@@ -450,24 +494,6 @@ mod tests {
             cfg.alpn_protocols.is_empty(),
             "actix-web adds h2 and http/1.1 itself"
         );
-    }
-
-    #[test]
-    fn certificate_identity_is_cn_and_organizations() {
-        let mut params = rcgen::CertificateParams::new(vec!["x".into()]).expect("params");
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "system:node:node1");
-        params
-            .distinguished_name
-            .push(rcgen::DnType::OrganizationName, "system:nodes");
-        let key = rcgen::KeyPair::generate().expect("key");
-        let cert = params.self_signed(&key).expect("cert");
-        let (user, groups) = cert_identity(cert.der()).expect("identity");
-        assert_eq!(user, "system:node:node1");
-        assert_eq!(groups, vec!["system:nodes".to_string()]);
-        assert_eq!(cert_identity(b"not a certificate"), None);
     }
 
     #[test]

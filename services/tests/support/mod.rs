@@ -344,7 +344,27 @@ impl TestCluster {
     /// Issues a client certificate signed by [`TestCluster::client_ca`] (so the API server
     /// authenticates it as user `cn` in `groups`); returns (certificate, key) PEM paths.
     pub fn issue_client_cert(&self, name: &str, cn: &str, groups: &[&str]) -> (PathBuf, PathBuf) {
+        let subject: String = groups
+            .iter()
+            .map(|g| format!("/O={g}"))
+            .chain([format!("/CN={cn}")])
+            .collect();
+        self.issue_client_cert_with_subject(name, &subject)
+    }
+
+    /// As [`TestCluster::issue_client_cert`], with the subject as `openssl req -subj` takes
+    /// it (`/CN=a/O=b/k8sUID=c`, in order; `k8sUID` is Kubernetes' user UID attribute,
+    /// 1.3.6.1.4.1.57683.2).
+    pub fn issue_client_cert_with_subject(&self, name: &str, subject: &str) -> (PathBuf, PathBuf) {
         let pki = self.dir.path().join("pki");
+        let req_cnf = pki.join("req.cnf");
+        if !req_cnf.exists() {
+            std::fs::write(
+                &req_cnf,
+                "oid_section = oids\n[oids]\nk8sUID = 1.3.6.1.4.1.57683.2\n[req]\ndistinguished_name = dn\n[dn]\n",
+            )
+            .expect("write req.cnf");
+        }
         let ext = pki.join("client.ext");
         if !ext.exists() {
             std::fs::write(
@@ -353,11 +373,6 @@ impl TestCluster {
             )
             .expect("write client.ext");
         }
-        let subject: String = groups
-            .iter()
-            .map(|g| format!("/O={g}"))
-            .chain([format!("/CN={cn}")])
-            .collect();
         let (crt, key, csr) = (
             format!("{name}.crt"),
             format!("{name}.key"),
@@ -367,6 +382,8 @@ impl TestCluster {
             &pki,
             &[
                 "req",
+                "-config",
+                "req.cnf",
                 "-newkey",
                 "ec",
                 "-pkeyopt",
@@ -377,7 +394,7 @@ impl TestCluster {
                 "-out",
                 &csr,
                 "-subj",
-                &subject,
+                subject,
             ],
         );
         openssl(
