@@ -378,20 +378,22 @@ fn admin_routes(cfg: &mut web::ServiceConfig) {
 /// On the API listener, `/metrics` and `/debug/keys` are authorized as non-resource
 /// paths, as the API server does its own (`/livez` and `/readyz` are open to all, as the
 /// API server's `system:public-info-viewer` role makes them).
+/// The caller, when it was asked who it is.
 async fn authorize_admin(
     req: &actix_web::HttpRequest,
     admin: &Admin,
     always: bool,
-) -> Result<(), crate::status::ApiError> {
+) -> Result<Option<crate::auth::UserInfo>, crate::status::ApiError> {
     if !admin.authorize && !always {
-        return Ok(());
+        return Ok(None);
     }
     let user = api::identify(req, &admin.api).await?;
     let attrs = Attributes::NonResource {
         verb: "get".into(),
         path: req.path().to_string(),
     };
-    api::check(&admin.api, &user, &attrs).await
+    api::check(&admin.api, &user, &attrs).await?;
+    Ok(Some(user))
 }
 
 async fn livez() -> HttpResponse {
@@ -423,12 +425,83 @@ async fn debug_keys(
     req: actix_web::HttpRequest,
     admin: web::Data<Admin>,
 ) -> Result<HttpResponse, crate::status::ApiError> {
-    // Key names are object names (a kubelet's Secrets): never without authorization.
-    authorize_admin(&req, &admin, true).await?;
-    Ok(match admin.registry.send(GetDebugKeys).await {
-        Ok(keys) => HttpResponse::Ok().json(keys),
-        Err(_) => HttpResponse::ServiceUnavailable().finish(),
-    })
+    // Key names are object names (a kubelet's Secrets): never without authorization, and
+    // each key only to a caller the API server would let list that key's objects.
+    let Some(user) = authorize_admin(&req, &admin, true).await? else {
+        return Err(crate::status::ApiError::unauthorized());
+    };
+    let Ok(mut keys) = admin.registry.send(GetDebugKeys).await else {
+        return Ok(HttpResponse::ServiceUnavailable().finish());
+    };
+    let mut visible = std::collections::HashMap::new();
+    for id in keys
+        .keys
+        .iter()
+        .map(|k| &k.id)
+        .chain(keys.groups.iter().map(|g| &g.id))
+    {
+        if !visible.contains_key(id) {
+            let may = may_list(&admin.api, &user, id).await?;
+            visible.insert(id.clone(), may);
+        }
+    }
+    keys.keys.retain(|k| visible[&k.id]);
+    keys.groups.retain(|g| visible[&g.id]);
+    Ok(HttpResponse::Ok().json(keys))
+}
+
+/// Whether `user` may list `key`'s objects as the key's own upstream request does: the
+/// resource cluster-wide, else in the key's namespace, else by the key's name or node
+/// selector (the Node authorizer's rules). Each question is a SubjectAccessReview through
+/// the authorization cache; the broader ones come first, so an operator allowed to list a
+/// resource everywhere costs one review per resource, not per key.
+async fn may_list(
+    state: &api::ApiState,
+    user: &crate::auth::UserInfo,
+    key: &kcache_actors::core::key::Key,
+) -> Result<bool, crate::status::ApiError> {
+    use kcache_actors::core::key::Scope;
+    let list = |namespace: &str, name: &str, field_selector: String| Attributes::Resource {
+        verb: "list".into(),
+        group: key.resource.group.clone(),
+        version: key.resource.version.clone(),
+        resource: key.resource.resource.clone(),
+        subresource: String::new(),
+        namespace: namespace.into(),
+        name: name.into(),
+        field_selector,
+        label_selector: String::new(),
+    };
+    let mut asks = vec![list("", "", String::new())];
+    if let Some(ns) = key.namespace() {
+        asks.push(list(ns, "", String::new()));
+    }
+    match &key.scope {
+        Scope::Name { name, .. } => asks.push(list(
+            key.namespace().unwrap_or(""),
+            name,
+            key.upstream_field_selector().unwrap_or_default(),
+        )),
+        Scope::Node(_) => asks.push(list(
+            "",
+            "",
+            key.upstream_field_selector().unwrap_or_default(),
+        )),
+        Scope::Cluster | Scope::Namespace(_) => {}
+    }
+    for attrs in &asks {
+        match state.authz.authorize(user, attrs).await {
+            Ok(d) if d.allowed => return Ok(true),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot authorize /debug/keys: SubjectAccessReview failed");
+                return Err(crate::status::ApiError::service_unavailable(
+                    "cannot authorize the request: the API server's SubjectAccessReview failed",
+                ));
+            }
+        }
+    }
+    Ok(false)
 }
 
 fn hostname() -> String {

@@ -409,3 +409,96 @@ async fn client_certificates_authenticate_as_cn_and_organizations() {
         "a rogue certificate got {rogue}"
     );
 }
+
+/// `/debug/keys` names objects (a kubelet's Secrets): a caller allowed the endpoint (a
+/// pprof-style `nonResourceURLs: ["/debug/*"]` role) sees each key only if the API server
+/// would let it list that key's objects — as the key lists them upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_keys_shows_each_caller_only_the_keys_it_may_list() {
+    let cluster = TestCluster::start().await;
+    setup(&cluster).await;
+    support::create_as_admin(
+        &cluster,
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        json!({"metadata": {"name": "debug"}, "rules": [{"nonResourceURLs": ["/debug/*"], "verbs": ["get"]}]}),
+    )
+    .await;
+    let subjects: Vec<Value> = ["viewer", "nobody", "system:node:node1"]
+        .iter()
+        .map(|u| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": u}))
+        .collect();
+    support::create_as_admin(
+        &cluster,
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        json!({
+            "metadata": {"name": "debug"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "debug"},
+            "subjects": subjects,
+        }),
+    )
+    .await;
+    let k = Kcache::start(&cluster, "").await;
+    // Keys of every scope, started by the admin's reads (held for the grace period).
+    for path in [
+        "/api/v1/namespaces/a/configmaps?resourceVersion=0",
+        "/api/v1/namespaces/b/configmaps?resourceVersion=0",
+        "/api/v1/namespaces/a/secrets/s1?resourceVersion=0",
+        "/api/v1/namespaces/b/secrets/s3?resourceVersion=0",
+        "/api/v1/pods?resourceVersion=0&fieldSelector=spec.nodeName%3Dnode1",
+    ] {
+        assert_eq!(
+            observe(&k.url, path, Some(ADMIN_TOKEN)).await.0,
+            200,
+            "{path}"
+        );
+    }
+    let keys_of = |token: &'static str| {
+        let url = format!("{}/debug/keys", k.admin_url);
+        async move {
+            let resp = insecure_http()
+                .get(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .expect("GET /debug/keys");
+            let code = resp.status().as_u16();
+            let body: Value = resp.json().await.unwrap_or(Value::Null);
+            let keys: BTreeSet<String> = body["keys"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|k| k["key"].as_str().map(str::to_string))
+                .collect();
+            (code, keys)
+        }
+    };
+    let set = |keys: &[&str]| keys.iter().map(|k| k.to_string()).collect::<BTreeSet<_>>();
+    let all = set(&[
+        "/api/v1/namespaces/a/configmaps",
+        "/api/v1/namespaces/b/configmaps",
+        "/api/v1/namespaces/a/secrets/s1",
+        "/api/v1/namespaces/b/secrets/s3",
+        "/api/v1/pods?fieldSelector=spec.nodeName=node1",
+    ]);
+    assert_eq!(keys_of(ADMIN_TOKEN).await, (200, all));
+    // viewer lists configmaps in namespace a only.
+    assert_eq!(
+        keys_of("viewertoken").await,
+        (200, set(&["/api/v1/namespaces/a/configmaps"]))
+    );
+    // The Node authorizer: node1 may list the Secret its pod mounts, by name, and its own
+    // pods, by node — nothing else.
+    assert_eq!(
+        keys_of("node1token").await,
+        (
+            200,
+            set(&[
+                "/api/v1/namespaces/a/secrets/s1",
+                "/api/v1/pods?fieldSelector=spec.nodeName=node1"
+            ])
+        )
+    );
+    assert_eq!(keys_of("nobodytoken").await, (200, BTreeSet::new()));
+    // Without the endpoint's permission: refused outright.
+    assert_eq!(keys_of("node2token").await.0, 403);
+}

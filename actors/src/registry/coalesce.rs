@@ -37,6 +37,9 @@ pub(super) struct Coalescing {
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GroupInfo {
+    /// The namespace key (or cluster key), for deciding who may see it.
+    #[serde(skip)]
+    pub id: Key,
     /// The namespace key (or cluster key) the names (or nodes) coalesce into.
     pub key: String,
     /// `apart`, `coalesced` or `splitting`.
@@ -82,6 +85,7 @@ impl Coalescing {
 
     pub(super) fn info(&self, key: &Key, now_ms: u64) -> GroupInfo {
         GroupInfo {
+            id: key.clone(),
             key: key.to_string(),
             state: self.label().unwrap_or("apart"),
             names: self.last.0,

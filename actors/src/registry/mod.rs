@@ -523,6 +523,10 @@ pub struct DebugKeys {
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KeyInfo {
+    /// The key itself, for deciding who may see it (`/debug/keys` shows each caller only
+    /// the keys it could list).
+    #[serde(skip)]
+    pub id: Key,
     pub key: String,
     pub refcount: usize,
     pub resource_version: String,
@@ -631,6 +635,7 @@ impl Handler<GetDebugKeys> for Registry {
             .entries
             .iter()
             .map(|(k, e)| KeyInfo {
+                id: k.clone(),
                 key: k.to_string(),
                 refcount: e.refs,
                 resource_version: e.status.progress.load(Ordering::Relaxed).to_string(),
