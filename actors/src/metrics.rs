@@ -147,6 +147,31 @@ pub fn describe() {
     );
 }
 
+/// The per-resource series dashboards and alerts read, registered at zero for one cached
+/// resource (`group`, `resource` as its keys label them): called for each resource once
+/// discovery has said which are cached, before any key of them exists, so `rate()` sees a
+/// resource's first upstream error, terminated watcher, expired watch or refused key.
+pub fn register_resource(group: &str, resource: &str) {
+    let labels = [
+        ("group", group.to_string()),
+        ("resource", resource.to_string()),
+    ];
+    for c in [
+        EVENTS_RECEIVED,
+        EVENTS_DISPATCHED,
+        TERMINATED_WATCHERS,
+        EXPIRED_WATCHES,
+        UPSTREAM_LISTS,
+        UPSTREAM_ERRORS,
+        KEYS_REFUSED,
+    ] {
+        metrics::counter!(c, &labels).increment(0);
+    }
+    metrics::gauge!(REGISTERED_WATCHERS, &labels).increment(0.0);
+    // A registered histogram is exported (empty buckets) before its first sample.
+    let _ = metrics::histogram!(EVENT_DELIVERY, &labels);
+}
+
 pub const FLEET_OWNED_KEYS: &str = "kcache_fleet_owned_keys";
 pub const FLEET_MIRRORED_KEYS: &str = "kcache_fleet_mirrored_keys";
 pub const FLEET_LOCAL_KEYS: &str = "kcache_fleet_local_fallback_keys";
@@ -167,7 +192,18 @@ pub const UPSTREAM_CUT_OFF: &str = "kcache_upstream_cut_off";
 pub const UPSTREAM_VERSION_SUPPORTED: &str = "kcache_upstream_version_supported";
 pub const UPSTREAM_INFO: &str = "kcache_upstream_info";
 
-/// Describes the fan-out metrics (only registered when kcache runs with `--nats`).
+/// Every `change` label of [`FLEET_OWNERSHIP_CHANGES`] (`fleet::key_task`).
+pub const OWNERSHIP_CHANGES: [&str; 5] =
+    ["acquired", "lost", "taken-over", "recreated", "handed-over"];
+/// Every `reason` label of [`FLEET_RESYNCS`] (`fleet::key_task`).
+pub const RESYNC_REASONS: [&str; 4] = ["start", "gap", "new-owner", "retry"];
+/// Every `reason` label of [`FLEET_REJECTED`] (`fleet::codec`, `fleet::key_task`,
+/// `fleet::presence`).
+pub const REJECTED_REASONS: [&str; 3] = ["unauthenticated", "plaintext", "reply-subject"];
+
+/// Describes the fan-out metrics (only registered when kcache runs with `--nats`: a
+/// replica outside a fleet exports none, so `kcache_nats_connected == 0` never fires for
+/// it), and registers them at zero, the labelled ones for each of their label values.
 pub fn describe_fleet() {
     use metrics::{describe_counter, describe_gauge};
     for g in [FLEET_OWNED_KEYS, FLEET_MIRRORED_KEYS, FLEET_LOCAL_KEYS] {
@@ -176,6 +212,7 @@ pub fn describe_fleet() {
     for c in [
         NATS_IN,
         NATS_OUT,
+        NATS_RECONNECTS,
         FLEET_GAPS,
         FLEET_STALE,
         FLEET_LISTENER_DROPS,
@@ -184,6 +221,15 @@ pub fn describe_fleet() {
         FLEET_PEERS_GONE,
     ] {
         metrics::counter!(c).increment(0);
+    }
+    for change in OWNERSHIP_CHANGES {
+        metrics::counter!(FLEET_OWNERSHIP_CHANGES, "change" => change).increment(0);
+    }
+    for reason in RESYNC_REASONS {
+        metrics::counter!(FLEET_RESYNCS, "reason" => reason).increment(0);
+    }
+    for reason in REJECTED_REASONS {
+        metrics::counter!(FLEET_REJECTED, "reason" => reason).increment(0);
     }
     describe_gauge!(
         FLEET_OWNED_KEYS,

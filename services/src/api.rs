@@ -200,6 +200,36 @@ fn mentions_protobuf(accept: &str) -> bool {
         .any(|w| w.eq_ignore_ascii_case(PB))
 }
 
+/// Every `reason` [`bypassed`] counts.
+pub const BYPASS_REASONS: [&str; 9] = [
+    "query",
+    "accept",
+    "selector",
+    "name",
+    "rv",
+    "key_budget",
+    "not_ready",
+    "not_fresh",
+    "protobuf",
+];
+
+/// Registers a cached resource's series at zero (its cache metrics, and its bypasses for
+/// each reason), so dashboards and alerts see their first increment: called once per
+/// resource when discovery has said which are cached, before any request is served from
+/// the cache.
+pub fn register_resource_metrics(resource: &ResourceType) {
+    kcache_actors::metrics::register_resource(&resource.group, &resource.resource);
+    for reason in BYPASS_REASONS {
+        metrics::counter!(
+            kcache_actors::metrics::CACHE_BYPASSED,
+            "group" => resource.group.clone(),
+            "resource" => resource.resource.clone(),
+            "reason" => reason,
+        )
+        .increment(0);
+    }
+}
+
 /// Counts a GET of a cached resource that goes upstream instead, by why.
 fn bypassed(resource: &ResourceType, reason: &'static str) {
     metrics::counter!(
@@ -900,6 +930,26 @@ fn json_response(v: &Value) -> HttpResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each reason a read of a cached resource is sent upstream for (a `Forward` or an
+    /// `Err` of a literal in this file) is registered at zero for every cached resource.
+    #[test]
+    fn every_bypass_reason_is_registered() {
+        let source = include_str!("api.rs");
+        let mut found = 0;
+        for marker in ["Forward(\"", "Err(\""] {
+            for (i, _) in source.match_indices(marker) {
+                let rest = &source[i + marker.len()..];
+                let reason = rest.split('"').next().unwrap_or("");
+                assert!(
+                    BYPASS_REASONS.contains(&reason),
+                    "bypass reason {reason:?} is not in BYPASS_REASONS"
+                );
+                found += 1;
+            }
+        }
+        assert!(found >= 10, "only {found} bypass reasons found");
+    }
 
     #[test]
     fn protobuf_is_looked_up_only_when_asked_for() {

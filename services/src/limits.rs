@@ -11,11 +11,16 @@ use crate::status::ApiError;
 /// Watches refused with 429, by `reason` (`replica_limit`, `user_limit`).
 pub const WATCHES_REJECTED: &str = "kcache_watches_rejected_total";
 
+/// Describes the metric and registers it at zero for each reason, so an alert on refused
+/// watches sees the first.
 pub fn describe() {
     metrics::describe_counter!(
         WATCHES_REJECTED,
         "Watches refused with 429 by server.max_watches (replica_limit) or server.max_watches_per_user (user_limit)."
     );
+    for reason in ["replica_limit", "user_limit"] {
+        metrics::counter!(WATCHES_REJECTED, "reason" => reason).increment(0);
+    }
 }
 
 #[derive(Default)]

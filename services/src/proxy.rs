@@ -42,6 +42,8 @@ pub const PROXY_INFLIGHT: &str = "kcache_proxy_inflight_requests";
 /// `reason` (`readonly_inflight`, `mutating_inflight`, `long_running_inflight`,
 /// `body_too_large`).
 pub const PROXY_REJECTED: &str = "kcache_proxy_rejected_total";
+/// The `reason` of [`PROXY_REJECTED`] for a body over `server.max_request_body_bytes`.
+const BODY_TOO_LARGE: &str = "body_too_large";
 
 /// Body chunks (as the client's connection delivers them, at most tens of KiB each)
 /// queued between the client and the upstream connection: enough to keep both busy,
@@ -97,6 +99,8 @@ pub enum Kind {
 }
 
 impl Kind {
+    const ALL: [Kind; 3] = [Kind::ReadOnly, Kind::Mutating, Kind::LongRunning];
+
     fn label(self) -> &'static str {
         match self {
             Kind::ReadOnly => "readonly",
@@ -311,6 +315,12 @@ impl Proxy {
             PROXY_REJECTED,
             "Proxied requests refused by kcache (429 or 413), by reason."
         );
+        // Every kind and reason from the start, so the first refusal is seen by `rate()`.
+        for kind in Kind::ALL {
+            metrics::gauge!(PROXY_INFLIGHT, "kind" => kind.label()).increment(0.0);
+            metrics::counter!(PROXY_REJECTED, "reason" => kind.rejected_reason()).increment(0);
+        }
+        metrics::counter!(PROXY_REJECTED, "reason" => BODY_TOO_LARGE).increment(0);
         let own = config;
         let mut anonymous = own.clone();
         anonymous.auth_info = Default::default();
@@ -378,7 +388,7 @@ impl Proxy {
     }
 
     fn too_large(&self) -> ApiError {
-        metrics::counter!(PROXY_REJECTED, "reason" => "body_too_large").increment(1);
+        metrics::counter!(PROXY_REJECTED, "reason" => BODY_TOO_LARGE).increment(1);
         ApiError::new(
             413,
             "RequestEntityTooLarge",

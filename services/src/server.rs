@@ -206,6 +206,9 @@ pub async fn run(
                         );
                         state.anonymous.store(anonymous, Ordering::Relaxed);
                         let _ = state.read_warnings.set(warnings);
+                        for r in found.values() {
+                            crate::api::register_resource_metrics(r);
+                        }
                         let _ = state.resources.set(found);
                         health.ready.store(true, Ordering::Relaxed);
                         return;

@@ -26,7 +26,18 @@ pub const REVIEWS: &str = "kcache_auth_reviews_total";
 /// How long upstream reviews took, by `review`.
 pub const REVIEW_DURATION: &str = "kcache_auth_review_duration_seconds";
 
-/// Describes the metrics above, so `/metrics` carries HELP lines (idempotent).
+/// Every `result` of [`REVIEWS`], by `review` (what `auth` and `authz` record).
+pub const REVIEW_RESULTS: [(&str, &[&str]); 2] = [
+    (
+        "TokenReview",
+        &["authenticated", "unauthenticated", "error"],
+    ),
+    ("SubjectAccessReview", &["allowed", "denied", "error"]),
+];
+
+/// Describes the metrics above, so `/metrics` carries HELP lines, and registers the
+/// reviews' series at zero for each review and result, so an alert on failing reviews sees
+/// the first (idempotent).
 pub fn describe() {
     use metrics::{describe_counter, describe_histogram, Unit};
     describe_counter!(
@@ -46,6 +57,12 @@ pub fn describe() {
         Unit::Seconds,
         "Time TokenReviews and SubjectAccessReviews took at the API server."
     );
+    for (review, results) in REVIEW_RESULTS {
+        for result in results {
+            metrics::counter!(REVIEWS, "review" => review, "result" => *result).increment(0);
+        }
+        let _ = metrics::histogram!(REVIEW_DURATION, "review" => review);
+    }
 }
 
 /// Counts one upstream review and its latency.
@@ -97,6 +114,10 @@ where
         ttl: impl Fn(&V) -> Duration + Send + Sync + 'static,
     ) -> Self {
         describe();
+        for result in ["hit", "miss"] {
+            metrics::counter!(REQUESTS, "cache" => name, "result" => result).increment(0);
+        }
+        metrics::counter!(EVICTIONS, "cache" => name).increment(0);
         let ttl: TtlFn<V> = Arc::new(ttl);
         let entries = (capacity > 0).then(|| {
             Cache::builder()
