@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -83,26 +83,6 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
-
-/// Dashboard metrics the live fleet below does not export. The exporter lists a metric only
-/// once it has been recorded (a HELP text alone does not make it appear), and these are
-/// only recorded after a fault (or, for resyncs, an owner change seen by a third replica),
-/// which the test does not stage. Each must be a metric the dashboard reads (so this list
-/// cannot outlive its panels) and one kcache defines.
-const EXPORTED_ONLY_AFTER_A_FAULT: &[(&str, &str)] = &[
-    (
-        "kcache_terminated_watchers_total",
-        "only once a watcher stops reading and overflows cache.watcher_buffer",
-    ),
-    (
-        "kcache_upstream_errors_total",
-        "only after an upstream list or watch fails",
-    ),
-    (
-        "kcache_fleet_resyncs_total",
-        "only after a mirror resynchronises after a gap, an owner change or a refused snapshot (a mirror's first snapshot is not counted)",
-    ),
-];
 
 const NS: &str = "obs";
 
@@ -249,8 +229,8 @@ async fn until_added(rx: &mut Events, name: &str) {
 
 /// A renamed or dropped metric must not leave a panel empty: every metric the dashboard
 /// reads is on the `/metrics` of a live fleet of two kcache replicas (an owner and a
-/// mirror) that served cached and proxied reads, watches, writes and refusals, except
-/// the few that only a fault produces ([`EXPORTED_ONLY_AFTER_A_FAULT`]).
+/// mirror) that served cached and proxied reads, watches, writes and refusals (fault
+/// counters exist from start: [`alert_and_dashboard_series_exist_from_start`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_queries_read_metrics_a_live_kcache_exports() {
     let d = dashboard();
@@ -261,17 +241,6 @@ async fn dashboard_queries_read_metrics_a_live_kcache_exports() {
         "the dashboard reads only {} metrics: {names:?}",
         names.len()
     );
-    let sources = sources();
-    for (name, why) in EXPORTED_ONLY_AFTER_A_FAULT {
-        assert!(
-            names.contains(*name),
-            "{name} is allowed to be missing ({why}) but the dashboard does not read it: drop it from the list"
-        );
-        assert!(
-            sources.contains(&format!("\"{name}\"")),
-            "{name} is allowed to be missing ({why}) but kcache does not define it"
-        );
-    }
 
     let cluster = TestCluster::start().await;
     let mut nats = Nats::start(cluster.dir_path());
@@ -427,13 +396,8 @@ async fn dashboard_queries_read_metrics_a_live_kcache_exports() {
     .await;
 
     let scrapes = [a.metrics_text().await, b.metrics_text().await];
-    let allowed: BTreeSet<&str> = EXPORTED_ONLY_AFTER_A_FAULT
-        .iter()
-        .map(|(n, _)| *n)
-        .collect();
     let missing: Vec<&String> = names
         .iter()
-        .filter(|n| !allowed.contains(n.as_str()))
         .filter(|n| {
             !scrapes
                 .iter()
@@ -445,4 +409,485 @@ async fn dashboard_queries_read_metrics_a_live_kcache_exports() {
         "the dashboard reads metrics a live kcache does not export: {missing:?}"
     );
     drop((watch_a, watch_b, expired));
+}
+
+/// The PromQL expressions of the alert rules: each `expr:` of alerts.yaml, on its line or
+/// as a block (`expr: |`) on the more indented lines that follow.
+fn alert_queries() -> Vec<String> {
+    let rules = std::fs::read_to_string(observability().join("alerts.yaml")).expect("alerts.yaml");
+    let lines: Vec<&str> = rules.lines().collect();
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(rest) = line.trim_start().strip_prefix("expr:") else {
+            continue;
+        };
+        let rest = rest.trim();
+        if rest.starts_with('|') || rest.starts_with('>') {
+            let block: Vec<&str> = lines[i + 1..]
+                .iter()
+                .take_while(|l| l.trim().is_empty() || indent(l) > indent(line))
+                .map(|l| l.trim())
+                .collect();
+            out.push(block.join(" "));
+        } else {
+            out.push(rest.trim_matches(|c| c == '"' || c == '\'').to_string());
+        }
+    }
+    out
+}
+
+/// The series `queries` select, by metric name (a histogram's `_bucket`, `_sum` and
+/// `_count` under its own, as [`metric_names`]): for each selector, the label values it
+/// matches exactly (`name{label="value"}`; regex matchers and Grafana's `$variables` name
+/// no particular value, so select any series).
+fn selected_series(queries: &[String]) -> BTreeMap<String, BTreeSet<Vec<(String, String)>>> {
+    let (_, histograms) = metric_names(queries);
+    let selector = regex::Regex::new(r"\b((?:kcache|process)_[A-Za-z0-9_:]*)\s*(?:\{([^}]*)\})?")
+        .expect("selector regex");
+    let matcher = regex::Regex::new(r#"([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!=|!~|=)\s*"([^"]*)""#)
+        .expect("matcher regex");
+    let mut out: BTreeMap<String, BTreeSet<Vec<(String, String)>>> = BTreeMap::new();
+    for q in queries {
+        for c in selector.captures_iter(q) {
+            let mut name = c[1].to_string();
+            for suffix in ["_bucket", "_sum", "_count"] {
+                if let Some(base) = name.strip_suffix(suffix) {
+                    if histograms.contains(base) {
+                        name = base.to_string();
+                        break;
+                    }
+                }
+            }
+            let labels: Vec<(String, String)> = c
+                .get(2)
+                .map(|m| {
+                    matcher
+                        .captures_iter(m.as_str())
+                        .filter(|m| &m[2] == "=" && !m[3].contains('$'))
+                        .map(|m| (m[1].to_string(), m[3].to_string()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.entry(name).or_default().insert(labels);
+        }
+    }
+    out
+}
+
+/// One sample of a scrape: its metric (a histogram's under the histogram's name, without
+/// `le`), labels and value.
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// Reads Prometheus text.
+fn samples(scrape: &str) -> Vec<Sample> {
+    let histograms: BTreeSet<&str> = scrape
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" histogram"))
+        .collect();
+    let mut out = Vec::new();
+    for line in scrape
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (series, value) = line.rsplit_once(' ').expect("a sample line: series value");
+        let (mut name, labels) = match series.split_once('{') {
+            Some((n, rest)) => (n.to_string(), parse_labels(rest.trim_end_matches('}'))),
+            None => (series.to_string(), BTreeMap::new()),
+        };
+        for suffix in ["_bucket", "_sum", "_count"] {
+            if let Some(base) = name.strip_suffix(suffix) {
+                if histograms.contains(base) {
+                    name = base.to_string();
+                    break;
+                }
+            }
+        }
+        let mut labels = labels;
+        labels.remove("le");
+        out.push(Sample {
+            name,
+            labels,
+            value: value.parse().unwrap_or(f64::NAN),
+        });
+    }
+    out
+}
+
+/// `a="x",b="y"` (values with Prometheus' `\"`, `\\` and `\n` escapes).
+fn parse_labels(text: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut rest = text;
+    while let Some((name, after)) = rest.split_once("=\"") {
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let mut end = after.len();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, e)) => value.push(e),
+                    None => {}
+                },
+                '"' => {
+                    end = i + 1;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        out.insert(name.trim_matches([',', ' ']).to_string(), value);
+        rest = &after[end..];
+    }
+    out
+}
+
+/// Whether `samples` hold a series of `name` with (at least) `labels`.
+fn has_series(samples: &[Sample], name: &str, labels: &[(String, String)]) -> bool {
+    samples.iter().any(|s| {
+        s.name == name
+            && labels
+                .iter()
+                .all(|(k, v)| s.labels.get(k).is_some_and(|x| x == v))
+    })
+}
+
+/// A label and the values it is registered with.
+type LabelValues = (&'static str, &'static [&'static str]);
+
+/// `resource` in [`REGISTERED_AT_START`]: each cached resource, with its `group`.
+const EACH_RESOURCE: LabelValues = ("resource", &["*"]);
+
+/// What a fresh replica caches (`[[resources]]` left to its defaults), as `group, resource`.
+const CACHED_RESOURCES: &[(&str, &str)] = &[
+    ("", "secrets"),
+    ("", "configmaps"),
+    ("", "pods"),
+    ("", "services"),
+    ("", "endpoints"),
+    ("", "namespaces"),
+    ("discovery.k8s.io", "endpointslices"),
+];
+
+/// The labelled series the alerts and the dashboard read, with the label values a replica
+/// registers them at zero with from its start (its per-resource ones once discovery has
+/// named the cached resources, before it is ready): every combination of the values
+/// listed. Without them the first fault of a kind would create its series, which
+/// `rate()` and `increase()` do not count, and panels would show "no data".
+const REGISTERED_AT_START: &[(&str, &[LabelValues])] = &[
+    ("kcache_upstream_errors_total", &[EACH_RESOURCE]),
+    ("kcache_upstream_lists_total", &[EACH_RESOURCE]),
+    ("kcache_terminated_watchers_total", &[EACH_RESOURCE]),
+    ("kcache_watch_expired_total", &[EACH_RESOURCE]),
+    ("kcache_keys_refused_total", &[EACH_RESOURCE]),
+    ("kcache_watch_cache_events_received_total", &[EACH_RESOURCE]),
+    (
+        "kcache_watch_cache_events_dispatched_total",
+        &[EACH_RESOURCE],
+    ),
+    ("kcache_watch_event_delivery_seconds", &[EACH_RESOURCE]),
+    ("kcache_registered_watchers", &[EACH_RESOURCE]),
+    (
+        "kcache_cache_bypassed_total",
+        &[
+            EACH_RESOURCE,
+            (
+                "reason",
+                &[
+                    "query",
+                    "accept",
+                    "selector",
+                    "name",
+                    "rv",
+                    "key_budget",
+                    "not_ready",
+                    "not_fresh",
+                    "protobuf",
+                ],
+            ),
+        ],
+    ),
+    (
+        "kcache_watches_rejected_total",
+        &[("reason", &["replica_limit", "user_limit"])],
+    ),
+    (
+        "kcache_proxy_rejected_total",
+        &[(
+            "reason",
+            &[
+                "readonly_inflight",
+                "mutating_inflight",
+                "long_running_inflight",
+                "body_too_large",
+            ],
+        )],
+    ),
+    (
+        "kcache_proxy_inflight_requests",
+        &[("kind", &["readonly", "mutating", "long_running"])],
+    ),
+    (
+        "kcache_auth_reviews_total",
+        &[
+            ("review", &["TokenReview"]),
+            ("result", &["authenticated", "unauthenticated", "error"]),
+        ],
+    ),
+    (
+        "kcache_auth_reviews_total",
+        &[
+            ("review", &["SubjectAccessReview"]),
+            ("result", &["allowed", "denied", "error"]),
+        ],
+    ),
+    (
+        "kcache_auth_review_duration_seconds",
+        &[("review", &["TokenReview", "SubjectAccessReview"])],
+    ),
+    (
+        "kcache_auth_cache_requests_total",
+        &[("cache", &["token", "authz"]), ("result", &["hit", "miss"])],
+    ),
+    (
+        "kcache_fleet_ownership_changes_total",
+        &[(
+            "change",
+            &["acquired", "lost", "taken-over", "recreated", "handed-over"],
+        )],
+    ),
+    (
+        "kcache_fleet_resyncs_total",
+        &[("reason", &["start", "gap", "new-owner", "retry"])],
+    ),
+];
+
+/// Labelled metrics the alerts and the dashboard read whose label values the test cannot
+/// list, with why; those made by requests (`true`) are only looked for after traffic.
+const LABELS_NOT_KNOWN_AHEAD: &[(&str, bool, &str)] = &[
+    (
+        "kcache_requests_total",
+        true,
+        "by verb, group, resource, code and served of the requests answered: the first request of a kind makes its series",
+    ),
+    (
+        "kcache_request_duration_seconds",
+        true,
+        "by verb, group, resource and served of the requests answered",
+    ),
+    (
+        "kcache_proxied_requests_total",
+        true,
+        "by the status code the API server answered",
+    ),
+    (
+        "kcache_build_info",
+        false,
+        "labelled with the build's version and revision (set at start, always 1)",
+    ),
+];
+
+/// Metrics only a fleet replica (`--nats`) exports: a replica outside a fleet must not
+/// read as disconnected from NATS (`KcacheNatsDisconnected`), nor show fleet panels at 0.
+const FLEET_ONLY_PREFIXES: &[&str] = &["kcache_nats_", "kcache_fleet_"];
+
+/// The fault counters of issue 27: 0 on a replica that has only served ordinary traffic.
+const FAULTS: &[&str] = &[
+    "kcache_terminated_watchers_total",
+    "kcache_watch_expired_total",
+    "kcache_keys_refused_total",
+    "kcache_watches_rejected_total",
+    "kcache_proxy_rejected_total",
+    "kcache_upstream_errors_total",
+];
+
+/// The label sets of [`REGISTERED_AT_START`]'s `metric` rows: every combination, each
+/// cached resource for [`EACH_RESOURCE`].
+fn registered_label_sets(metric: &str) -> Vec<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for (_, labels) in REGISTERED_AT_START.iter().filter(|(m, _)| *m == metric) {
+        let mut sets: Vec<Vec<(String, String)>> = vec![Vec::new()];
+        for (label, values) in labels.iter() {
+            let mut next = Vec::new();
+            for set in &sets {
+                if (*label, *values) == EACH_RESOURCE {
+                    for (group, resource) in CACHED_RESOURCES {
+                        let mut s = set.clone();
+                        s.push(("group".into(), group.to_string()));
+                        s.push(("resource".into(), resource.to_string()));
+                        next.push(s);
+                    }
+                } else {
+                    for v in values.iter() {
+                        let mut s = set.clone();
+                        s.push((label.to_string(), v.to_string()));
+                        next.push(s);
+                    }
+                }
+            }
+            sets = next;
+        }
+        out.extend(sets);
+    }
+    out
+}
+
+/// Asserts that `scrape` of replica `who` holds every series of `read` (metric name →
+/// label sets the queries select) that a replica of its kind (`fleet` or not) exports, and
+/// every series [`REGISTERED_AT_START`] lists; with `traffic`, also those only requests
+/// make ([`LABELS_NOT_KNOWN_AHEAD`]). The fault counters read 0.
+fn assert_series(
+    who: &str,
+    scrape: &str,
+    read: &BTreeMap<String, BTreeSet<Vec<(String, String)>>>,
+    fleet: bool,
+    traffic: bool,
+) {
+    let samples = samples(scrape);
+    let exported_here =
+        |name: &str| fleet || !FLEET_ONLY_PREFIXES.iter().any(|p| name.starts_with(p));
+    let mut missing = Vec::new();
+    for (name, selections) in read {
+        if !exported_here(name) {
+            continue;
+        }
+        let not_known = LABELS_NOT_KNOWN_AHEAD.iter().find(|(n, _, _)| n == name);
+        if not_known.is_some_and(|(_, by_requests, _)| *by_requests) && !traffic {
+            continue;
+        }
+        for labels in selections {
+            if !has_series(&samples, name, labels) {
+                missing.push(format!(
+                    "{name}{labels:?} (read by the alerts or dashboard)"
+                ));
+            }
+        }
+        for labels in registered_label_sets(name) {
+            if !has_series(&samples, name, &labels) {
+                missing.push(format!("{name}{labels:?} (registered at start)"));
+            }
+        }
+        // A labelled metric must have its label values registered, or say why it cannot.
+        let labelled = samples
+            .iter()
+            .any(|s| s.name == *name && !s.labels.is_empty());
+        if labelled && not_known.is_none() && !REGISTERED_AT_START.iter().any(|(n, _)| n == name) {
+            missing.push(format!(
+                "{name} is labelled but its label values are neither in REGISTERED_AT_START nor in LABELS_NOT_KNOWN_AHEAD"
+            ));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{who}: the alerts and the dashboard read series the replica does not export:\n{}",
+        missing.join("\n")
+    );
+    let faults: Vec<String> = samples
+        .iter()
+        .filter(|s| FAULTS.contains(&s.name.as_str()) && s.value != 0.0)
+        .map(|s| format!("{}{:?} = {}", s.name, s.labels, s.value))
+        .collect();
+    assert!(
+        faults.is_empty(),
+        "{who}: fault counters moved on ordinary traffic: {faults:?}"
+    );
+}
+
+/// Ordinary traffic through `k`: a cached list at resourceVersion=0, a watch from it, a
+/// proxied write whose event the watch delivers.
+async fn ordinary_traffic(k: &Kcache, name: &str) {
+    let resp = send(
+        insecure_http().get(format!(
+            "{}/api/v1/namespaces/{NS}/configmaps?resourceVersion=0",
+            k.url
+        )),
+        ADMIN_TOKEN,
+    )
+    .await;
+    assert_eq!(resp.status().as_u16(), 200, "cached list");
+    let list: Value = resp.json().await.expect("list");
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("list resourceVersion")
+        .to_string();
+    let mut watch = open_watch(k, &format!("resourceVersion={rv}"), ADMIN_TOKEN).await;
+    create_configmap(k, name, "1").await;
+    until_added(&mut watch, name).await;
+}
+
+/// Issue 27: alerts must see the first fault. Every series `alerts.yaml` and
+/// `dashboard.json` read (names and exact label values parsed from their expressions)
+/// exists on a freshly started replica — a plain one and a fleet one — at 0 for each of its
+/// known label values ([`REGISTERED_AT_START`]) before any request, and every other after
+/// ordinary traffic; so a new alert or panel on a series kcache only creates at its first
+/// increment fails here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alert_and_dashboard_series_exist_from_start() {
+    let mut queries = alert_queries();
+    assert!(queries.len() >= 10, "alerts.yaml expressions: {queries:?}");
+    queries.extend(dashboard_queries(&dashboard()));
+    let read = selected_series(&queries);
+    assert!(read.len() >= 30, "the files read only {read:?}");
+    let listed = REGISTERED_AT_START
+        .iter()
+        .map(|(n, _)| n)
+        .chain(LABELS_NOT_KNOWN_AHEAD.iter().map(|(n, _, _)| n));
+    for name in listed {
+        assert!(
+            read.contains_key(*name),
+            "{name} is listed here but neither the alerts nor the dashboard read it: drop it"
+        );
+    }
+    assert!(
+        read.get("kcache_auth_reviews_total")
+            .is_some_and(|s| s.contains(&vec![("result".to_string(), "error".to_string())])),
+        "the selectors' label values are not read: {read:?}"
+    );
+
+    let cluster = TestCluster::start().await;
+    let nats = Nats::start(cluster.dir_path());
+    let plain = Kcache::start_with_admin_port(&cluster, "", &[]).await;
+    let fleet_toml = fleet_toml(cluster.dir_path(), &nats, "");
+    let fleet = Kcache::start_with_admin_port(&cluster, &fleet_toml, &["--replica-id", "f"]).await;
+
+    // From start, before any request.
+    assert_series(
+        "plain replica at start",
+        &plain.metrics_text().await,
+        &read,
+        false,
+        false,
+    );
+    assert_series(
+        "fleet replica at start",
+        &fleet.metrics_text().await,
+        &read,
+        true,
+        false,
+    );
+
+    let admin = cluster.kube_client().await;
+    support::create_namespace(&admin, NS).await;
+    ordinary_traffic(&plain, "p1").await;
+    ordinary_traffic(&fleet, "f1").await;
+    assert_series(
+        "plain replica after traffic",
+        &plain.metrics_text().await,
+        &read,
+        false,
+        true,
+    );
+    assert_series(
+        "fleet replica after traffic",
+        &fleet.metrics_text().await,
+        &read,
+        true,
+        true,
+    );
+    drop(nats);
 }
