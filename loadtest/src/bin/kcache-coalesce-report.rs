@@ -317,17 +317,17 @@ fn main() -> ExitCode {
         ),
         ("time to establish (s)", 1, each(&|p| p.f("open_seconds"))),
         (
-            "API server watches added: Secret",
+            "API server watches added: secrets",
             0,
-            each(&|p| kind(p, "Secret")),
+            each(&|p| kind(p, "secrets")),
         ),
         (
-            "API server watches added: ConfigMap",
+            "API server watches added: configmaps",
             0,
-            each(&|p| kind(p, "ConfigMap")),
+            each(&|p| kind(p, "configmaps")),
         ),
         (
-            "API server watches added: all kinds",
+            "API server watches added: all resources",
             0,
             each(&|p| p.f("apiserver_watches.added_total")),
         ),
