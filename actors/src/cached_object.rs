@@ -21,8 +21,9 @@ use crate::config::CacheConfig;
 use crate::core::backfill::{self, Replay};
 use crate::core::bookmark::{next_bookmark_time, BookmarkTimer};
 use crate::core::coalesce;
+use crate::core::dispatch_index::DispatchIndex;
 use crate::core::event::{StoreEvent, BACKFILLED_SEQ};
-use crate::core::key::Key;
+use crate::core::key::{Key, Scope};
 use crate::core::key_machine::{self, Continue, Effect, Failure, Input, KeyMachine, WatchStart};
 use crate::core::object::EventType;
 use crate::core::object::Object;
@@ -150,6 +151,8 @@ pub struct CachedObject {
     machine: KeyMachine,
     seq: u64,
     watchers: HashMap<u64, WatcherEntry>,
+    /// Which watchers an event of a given object name can concern (`core::dispatch_index`).
+    dispatch_index: DispatchIndex,
     bookmarks: BookmarkTimer<u64>,
     /// The clients behind the machine's waits, by wait id.
     waiting: HashMap<u64, Waiter>,
@@ -198,6 +201,7 @@ impl CachedObject {
             machine,
             seq: 0,
             watchers: HashMap::new(),
+            dispatch_index: DispatchIndex::default(),
             bookmarks: BookmarkTimer::default(),
             waiting: HashMap::new(),
             next_wait: 0,
@@ -401,10 +405,20 @@ impl CachedObject {
             .replayable_from
             .store(self.window.replayable_from(), Ordering::Relaxed);
         let mut slow = Vec::new();
-        for (id, w) in self.watchers.iter().filter(|(_, w)| w.live) {
+        if self.dispatch_index.stale(self.watchers.len()) {
+            self.dispatch_index.rebuild(
+                self.watchers
+                    .iter()
+                    .map(|(id, w)| (*id, bound_name(w.asked.as_deref()))),
+            );
+        }
+        for id in self.dispatch_index.candidates(ev.object.name()) {
+            let Some(w) = self.watchers.get(&id).filter(|w| w.live) else {
+                continue;
+            };
             match w.link.try_send(ToWatcher::Dispatch(ev.clone())) {
                 Ok(()) => {}
-                Err(SendError::Full(_)) => slow.push(*id),
+                Err(SendError::Full(_)) => slow.push(id),
                 // Already stopping; its Unsubscribe is on the way.
                 Err(SendError::Closed(_)) => {}
             }
@@ -647,6 +661,8 @@ impl CachedObject {
         let deadline_ms = sub
             .deadline
             .map(|d| now + d.saturating_duration_since(Instant::now()).as_millis() as u64);
+        self.dispatch_index
+            .add(sub.id, bound_name(sub.asked.as_deref()));
         self.watchers.insert(
             sub.id,
             WatcherEntry {
@@ -991,5 +1007,14 @@ impl Handler<Drain> for CachedObject {
                 .do_send(ToWatcher::Close(CloseReason::Draining { rv }));
         }
         self.status.watchers.store(0, Ordering::Relaxed);
+    }
+}
+
+/// The one object name a watcher covered by this key asked for (a name key's request), if
+/// it asked for one: only that object's events concern it.
+fn bound_name(asked: Option<&Key>) -> Option<&str> {
+    match &asked?.scope {
+        Scope::Name { name, .. } => Some(name.as_str()),
+        _ => None,
     }
 }

@@ -8,6 +8,7 @@ pub mod backfill;
 pub mod bookmark;
 pub mod coalesce;
 pub mod cover;
+pub mod dispatch_index;
 pub mod event;
 pub mod filter;
 pub mod fresh;
