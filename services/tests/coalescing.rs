@@ -81,15 +81,28 @@ impl Pair {
             .collect()
     }
 
-    /// The RV of the first list a judge saw (the highest RV among its initial objects,
-    /// or 0).
+    /// Where a judge's first list stands: the highest RV among its initial objects; when
+    /// the name was absent from it, just before its first event (a list at resourceVersion
+    /// 0 may come from either server's cache, so the two judges' lists are not taken at one
+    /// moment: one may start after a deletion the other still had to see), or 0.
     fn listed_at(judge: &Judge) -> u64 {
         let s = judge.seen.lock().expect("seen");
-        s.recent
+        let rv = |e: &String| e.rsplit(' ').next().and_then(|rv| rv.parse::<u64>().ok());
+        let initial = s
+            .recent
             .iter()
             .take_while(|e| *e != "init-done")
-            .filter_map(|e| e.rsplit(' ').next().and_then(|rv| rv.parse().ok()))
-            .max()
+            .filter_map(rv)
+            .max();
+        initial
+            .or_else(|| {
+                s.recent
+                    .iter()
+                    .skip_while(|e| *e != "init-done")
+                    .filter(|e| e.starts_with("apply ") || e.starts_with("delete "))
+                    .find_map(rv)
+                    .map(|first| first.saturating_sub(1))
+            })
             .unwrap_or(0)
     }
 
