@@ -42,15 +42,17 @@ fi
 cargo test --workspace --locked -- --test-threads=2
 # The second supported version (the oldest minor still supported upstream,
 # scripts/k8s/versions.env): the differential, consistency and real-client tests again,
-# against its own API server, kubectl and client-go.
+# against its own API server, kubectl and client-go, and its own e2e specs
+# (conformance/specs-second.txt) directly, through one kcache and through a fleet.
 { set +x; } 2>/dev/null
 second_bin=$(scripts/k8s/build.sh second | tail -1)
 second_e2e=$(scripts/k8s/build-programs.sh second | tail -1)
 set -x
 KCACHE_K8S_BIN=$second_bin KCACHE_E2E_TEST=$second_e2e \
+  KCACHE_E2E_SPECS="$PWD/conformance/specs-second.txt" \
   cargo test -p kcache --locked --test api_semantics --test authorization --test differential \
   --test consistent_reads --test client_go --test kubelet --test kube_proxy --test kubectl \
-  --test protobuf \
+  --test protobuf --test conformance \
   -- --test-threads=2
 # The fleet's chaos soak, 60 s with a fixed seed (replayable): a real API server, a 3-node
 # NATS cluster and 3 replicas under kill -9s, pauses, compactions and an API server
