@@ -159,6 +159,11 @@ pub async fn run(
         fleet: fleet.clone(),
     });
 
+    crate::ttl_cache::record_ttls(
+        Duration::from_secs(cfg.auth.token_cache_ttl_secs),
+        Duration::from_secs(cfg.auth.authz_allow_ttl_secs),
+        Duration::from_secs(cfg.auth.authz_deny_ttl_secs),
+    );
     let state = web::Data::new(ApiState {
         registry: registry.clone(),
         resources: std::sync::OnceLock::new(),

@@ -26,6 +26,23 @@ pub const REVIEWS: &str = "kcache_auth_reviews_total";
 /// How long upstream reviews took, by `review`.
 pub const REVIEW_DURATION: &str = "kcache_auth_review_duration_seconds";
 
+/// How long a cached answer is honoured, by `cache` (`token`, `authz`) and `decision`
+/// (`any` for tokens; `allow`, `deny` for authorization): the revocation lag of
+/// cache-served requests, the one deliberate difference from the API server
+/// (docs/security.md), set from `[auth]` at start.
+pub const TTL: &str = "kcache_auth_cache_ttl_seconds";
+
+/// Sets [`TTL`]'s series from the configured lifetimes.
+pub fn record_ttls(token: Duration, allow: Duration, deny: Duration) {
+    for (cache, decision, ttl) in [
+        ("token", "any", token),
+        ("authz", "allow", allow),
+        ("authz", "deny", deny),
+    ] {
+        metrics::gauge!(TTL, "cache" => cache, "decision" => decision).set(ttl.as_secs_f64());
+    }
+}
+
 /// Every `result` of [`REVIEWS`], by `review` (what `auth` and `authz` record).
 pub const REVIEW_RESULTS: [(&str, &[&str]); 2] = [
     (
@@ -39,7 +56,12 @@ pub const REVIEW_RESULTS: [(&str, &[&str]); 2] = [
 /// reviews' series at zero for each review and result, so an alert on failing reviews sees
 /// the first (idempotent).
 pub fn describe() {
-    use metrics::{describe_counter, describe_histogram, Unit};
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_gauge!(
+        TTL,
+        Unit::Seconds,
+        "How long a cached TokenReview or SubjectAccessReview answer is honoured (the revocation lag of cache-served requests), by cache and decision."
+    );
     describe_counter!(
         REQUESTS,
         "Authentication and authorization cache lookups, by cache and result (hit, miss)."

@@ -142,6 +142,20 @@ async fn kcache_answers_every_request_as_the_api_server_would() {
     )
     .await;
     setup(&cluster).await;
+    // The revocation lag this kcache runs with, as the metric says it (the token cache at
+    // its default).
+    let metrics = k.metrics_text().await;
+    for (labels, want) in [
+        ("cache=\"authz\",decision=\"allow\"", 2.0),
+        ("cache=\"authz\",decision=\"deny\"", 2.0),
+        ("cache=\"token\",decision=\"any\"", 10.0),
+    ] {
+        assert_eq!(
+            support::kcache::sum_samples(&metrics, "kcache_auth_cache_ttl_seconds", Some(labels)),
+            want,
+            "{labels}"
+        );
+    }
 
     let requests = [
         "/api/v1/namespaces/a/configmaps?resourceVersion=0",
