@@ -351,25 +351,26 @@ enum CertAuth {
 /// The user of a client certificate verified against `--client-ca-file`, as the API
 /// server's x509 authenticator reads it.
 fn cert_auth(req: &HttpRequest) -> CertAuth {
-    use crate::cert_identity::{identity, Identity};
+    use crate::cert_identity::Identity;
     let Some(cert) = req.conn_data::<crate::tls::ClientCert>() else {
         return CertAuth::None;
     };
-    match identity(&cert.0) {
+    match &cert.0 {
         Ok(Identity::User {
             name,
             uid,
-            mut groups,
+            groups,
             extra,
-        }) => {
-            groups.push("system:authenticated".into());
-            CertAuth::User(UserInfo {
-                username: name,
-                uid,
-                groups,
-                extra,
-            })
-        }
+        }) => CertAuth::User(UserInfo {
+            username: name.clone(),
+            uid: uid.clone(),
+            groups: groups
+                .iter()
+                .cloned()
+                .chain(["system:authenticated".to_string()])
+                .collect(),
+            extra: extra.clone(),
+        }),
         Ok(Identity::Nobody) => CertAuth::None,
         Err(e) => {
             tracing::info!(error = %e, "client certificate not authenticated");

@@ -379,10 +379,10 @@ fn digest(parts: &[&[u8]]) -> Vec<u8> {
     ctx.finish().as_ref().to_vec()
 }
 
-/// The verified client certificate of a connection (DER of the leaf), stored per
-/// connection by [`connection_info`].
+/// What the verified client certificate of a connection says (`crate::cert_identity`),
+/// read once when the connection is made ([`connection_info`]), not per request.
 #[derive(Clone, Debug)]
-pub struct ClientCert(pub Vec<u8>);
+pub struct ClientCert(pub Result<crate::cert_identity::Identity, crate::cert_identity::Error>);
 
 /// actix-web `on_connect` hook: keeps the verified client certificate for the handlers,
 /// and a duplicate of the socket to notice a client that left (`hangup`).
@@ -392,7 +392,7 @@ pub fn connection_info(conn: &dyn std::any::Any, ext: &mut actix_web::dev::Exten
     if let Some(tls) = conn.downcast_ref::<TlsStream<TcpStream>>() {
         let (tcp, session) = tls.get_ref();
         if let Some(leaf) = session.peer_certificates().and_then(|c| c.first()) {
-            ext.insert(ClientCert(leaf.as_ref().to_vec()));
+            ext.insert(ClientCert(crate::cert_identity::identity(leaf.as_ref())));
         }
         if let Some(sock) = crate::hangup::ConnSocket::of(tcp) {
             ext.insert(sock);
