@@ -381,16 +381,27 @@ fn cert_auth(req: &HttpRequest) -> CertAuth {
 
 /// Authorizes `attrs` for `user` with a SubjectAccessReview; a denial is the API server's 403.
 pub async fn check(state: &ApiState, user: &UserInfo, attrs: &Attributes) -> Result<(), ApiError> {
-    match state.authz.authorize(user, attrs).await {
-        Ok(d) if d.allowed => Ok(()),
-        Ok(d) => Err(authz::forbidden(user, attrs, &d.reason)),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot authorize: SubjectAccessReview failed");
-            Err(ApiError::service_unavailable(
-                "cannot authorize the request: the API server's SubjectAccessReview failed",
-            ))
-        }
+    let d = decide(state, user, attrs).await?;
+    if d.allowed {
+        Ok(())
+    } else {
+        Err(authz::forbidden(user, attrs, &d.reason))
     }
+}
+
+/// The SubjectAccessReview's decision on `attrs` for `user` (through the authorization
+/// cache); a review that failed is a 503, as the API server cannot decide either.
+pub async fn decide(
+    state: &ApiState,
+    user: &UserInfo,
+    attrs: &Attributes,
+) -> Result<authz::Decision, ApiError> {
+    state.authz.authorize(user, attrs).await.map_err(|e| {
+        tracing::warn!(error = %e, "cannot authorize: SubjectAccessReview failed");
+        ApiError::service_unavailable(
+            "cannot authorize the request: the API server's SubjectAccessReview failed",
+        )
+    })
 }
 
 /// The request's attributes as the API server's request-info derives them: a path with a
