@@ -42,12 +42,15 @@ target=${CARGO_TARGET_DIR:-target}
 [[ $target == /* ]] || target=$PWD/$target
 profile=${KCACHE_CHAOS_PROFILE:-release}
 case $profile in
-  release) release=$target/release; build=(--release) ;;
-  debug) release=$target/debug; build=() ;;
+  release) release=$target/release; build=(--release -p kcache -p kcache-loadtest) ;;
+  # The whole workspace with its tests, as `cargo test --workspace` selects it: the same
+  # features, so the dependencies it compiled are reused, not built a second time (that
+  # second copy once filled CI's disk).
+  debug) release=$target/debug; build=(--workspace --tests) ;;
   *) echo "chaos.sh: KCACHE_CHAOS_PROFILE must be release or debug" >&2; exit 2 ;;
 esac
 if [[ -z ${KCACHE_CHAOS_NO_BUILD:-} ]]; then
-  cargo build "${build[@]}" --locked -p kcache -p kcache-loadtest --bin kcache --bin kcache-chaos
+  cargo build "${build[@]}" --locked --bin kcache --bin kcache-chaos
 fi
 nats_server=$(command -v nats-server || echo /usr/sbin/nats-server)
 
