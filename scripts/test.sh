@@ -22,6 +22,13 @@ export KCACHE_E2E_TEST
 # helm, built from its Go module, for the chart's lint and render (services/tests/deploy.rs).
 KCACHE_HELM_BIN=$(scripts/k8s/build-helm.sh | tail -1)
 export KCACHE_HELM_BIN
+# Go's build cache (several GB after a Kubernetes build) is not needed once the binaries are
+# in place (each build is kept by its hash); on a fresh machine the disk is better spent on
+# the Rust build. KCACHE_KEEP_GO_CACHE=1 keeps it.
+trim_go_cache() {
+  [[ -n ${KCACHE_KEEP_GO_CACHE:-} ]] || go clean -cache 2>/dev/null || true
+}
+trim_go_cache
 # Tests and scripts that run kubectl get the reference version's.
 export PATH="$KCACHE_K8S_BIN:$PATH"
 # rustfmt and clippy are rustup components; a toolchain without them cannot check format
@@ -47,6 +54,7 @@ cargo test --workspace --locked -- --test-threads=2
 { set +x; } 2>/dev/null
 second_bin=$(scripts/k8s/build.sh second | tail -1)
 second_e2e=$(scripts/k8s/build-programs.sh second | tail -1)
+trim_go_cache
 set -x
 KCACHE_K8S_BIN=$second_bin KCACHE_E2E_TEST=$second_e2e \
   KCACHE_E2E_SPECS="$PWD/conformance/specs-second.txt" \
