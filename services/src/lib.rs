@@ -1,7 +1,9 @@
 //! kcache: a Kubernetes-compatible list/watch cache. See `docs/architecture.md`.
 //!
 //! - [`server`]: wiring, admin endpoints, shutdown.
-//! - [`api`]: serving list/get/watch from the cache, proxying the rest ([`proxy`]).
+//! - [`api`]: routing: each request planned ([`plan`]), authenticated and authorized
+//!   ([`access`]) and served from the cache ([`serve`]), or proxied ([`proxy`]).
+//! - [`state`]: what every HTTP worker shares.
 //! - [`request`]: the one canonical parse of paths and queries.
 //! - [`fresh`]: freshness proofs for consistent reads served from the cache.
 //! - [`auth`]: TokenReview authentication.
@@ -13,6 +15,7 @@
 //! - [`hangup`]: clients that left while their response was idle.
 //! - [`upstream_version`]: the supported upstream Kubernetes versions, said at start.
 
+pub mod access;
 pub mod api;
 pub mod audit;
 pub mod auth;
@@ -23,11 +26,14 @@ pub mod discovery;
 pub mod fresh;
 pub mod hangup;
 pub mod limits;
+pub mod plan;
 pub mod process;
 pub mod proxy;
 pub mod request;
 pub mod request_metrics;
+pub mod serve;
 pub mod server;
+pub mod state;
 pub mod status;
 pub mod table;
 pub mod tls;

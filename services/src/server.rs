@@ -21,11 +21,12 @@ use kcache_actors::upstream_pool::{self, UpstreamClients};
 use metrics_exporter_prometheus::PrometheusHandle;
 use thiserror::Error;
 
-use crate::api::{self, ApiState};
+use crate::api;
 use crate::auth::Authenticator;
 use crate::authz::{Attributes, Authorizer};
 use crate::config::{self, Config};
 use crate::proxy::Proxy;
+use crate::state::ApiState;
 
 #[derive(Debug, Error)]
 pub enum Error {
@@ -395,12 +396,12 @@ async fn authorize_admin(
     if !admin.authorize && !always {
         return Ok(None);
     }
-    let user = api::identify(req, &admin.api).await?;
+    let user = crate::access::identify(req, &admin.api).await?;
     let attrs = Attributes::NonResource {
         verb: "get".into(),
         path: req.path().to_string(),
     };
-    api::check(&admin.api, &user, &attrs).await?;
+    crate::access::check(&admin.api, &user, &attrs).await?;
     Ok(Some(user))
 }
 
@@ -464,7 +465,7 @@ async fn debug_keys(
 /// the authorization cache; the broader ones come first, so an operator allowed to list a
 /// resource everywhere costs one review per resource, not per key.
 async fn may_list(
-    state: &api::ApiState,
+    state: &ApiState,
     user: &crate::auth::UserInfo,
     key: &kcache_actors::core::key::Key,
 ) -> Result<bool, crate::status::ApiError> {
@@ -498,7 +499,7 @@ async fn may_list(
         Scope::Cluster | Scope::Namespace(_) => {}
     }
     for attrs in &asks {
-        if api::decide(state, user, attrs).await?.allowed {
+        if crate::access::decide(state, user, attrs).await?.allowed {
             return Ok(true);
         }
     }

@@ -1,0 +1,270 @@
+//! Serving a planned request (`crate::plan`) from the cache: a snapshot of its key (or a
+//! covering key) at the resourceVersion asked, proven fresh where the key may not have
+//! heard of a deletion, written as JSON, protobuf or a Table; watches in [`watch`].
+
+mod list_body;
+pub mod watch;
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use actix::Addr;
+use actix_web::HttpResponse;
+use kcache_actors::cached_object::{self, Read};
+use kcache_actors::core::cover;
+use kcache_actors::core::filter::Filter;
+use kcache_actors::core::key::{Key, ResourceType};
+use kcache_actors::core::object::{self, Object};
+use kcache_actors::core::proto;
+use kcache_actors::registry::Hold;
+use serde_json::{json, Value};
+
+use crate::auth::UserInfo;
+use crate::plan::{Format, Op, Reason};
+use crate::state::ApiState;
+use crate::status::ApiError;
+use crate::table;
+
+/// What a cache-served request turned out to need.
+pub enum Served {
+    Response(HttpResponse),
+    /// Not the cache's to answer after all (a key past its budget, not synced, not proven
+    /// fresh, ...): proxy it. The reason labels `kcache_cache_bypassed_total`.
+    Forward(Reason),
+}
+
+/// Serves `op` for an authorized `user`.
+pub async fn serve(
+    state: &ApiState,
+    user: &UserInfo,
+    resource: &Arc<ResourceType>,
+    op: Op,
+    format: Format,
+) -> Result<Served, ApiError> {
+    match op {
+        Op::Forward(reason) => Ok(Served::Forward(reason)),
+        Op::Watch(w) => watch::watch(state, user, *w, format).await,
+        Op::Get {
+            key,
+            name,
+            namespace,
+            min_rv,
+            include,
+        } => {
+            get(
+                state,
+                user,
+                resource,
+                key,
+                (&name, namespace.as_deref()),
+                min_rv,
+                format,
+                include,
+            )
+            .await
+        }
+        Op::List {
+            key,
+            label,
+            field,
+            min_rv,
+            include,
+        } => {
+            let (held, snap) = match read(state, user, key.clone(), min_rv).await? {
+                Ok(read) => read,
+                Err(reason) => return Ok(Served::Forward(reason)),
+            };
+            let filter = Filter::new(label, cover::field_for(&key, &held, field));
+            let items: Vec<Arc<Object>> = snap
+                .objects
+                .into_iter()
+                .filter(|o| filter.matches(o))
+                .collect();
+            list(resource, snap.rv, items, format, include)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn get(
+    state: &ApiState,
+    user: &UserInfo,
+    resource: &ResourceType,
+    key: Key,
+    (name, namespace): (&str, Option<&str>),
+    min_rv: u64,
+    format: Format,
+    include: table::IncludeObject,
+) -> Result<Served, ApiError> {
+    // The snapshot may be a covering key's (`core::cover`): the object is found by name
+    // and namespace either way.
+    let (_, snap) = match read(state, user, key, min_rv).await? {
+        Ok(read) => read,
+        Err(reason) => return Ok(Served::Forward(reason)),
+    };
+    let obj = snap
+        .objects
+        .iter()
+        .find(|o| o.name() == name && namespace.is_none_or(|ns| o.namespace() == ns));
+    let Some(obj) = obj else {
+        return Err(ApiError::not_found(
+            &resource.group,
+            &resource.resource,
+            name,
+        ));
+    };
+    let v = match format {
+        // The object's bytes as the upstream sent them.
+        Format::Json => {
+            return Ok(Served::Response(
+                HttpResponse::Ok()
+                    .content_type("application/json")
+                    .body(obj.json().clone()),
+            ))
+        }
+        Format::Protobuf(codec) => {
+            let Some(msg) = obj.proto(&codec) else {
+                return Ok(Served::Forward(Reason::Protobuf));
+            };
+            return Ok(Served::Response(
+                HttpResponse::Ok()
+                    .content_type(proto::codec::CONTENT_TYPE)
+                    .body(codec.envelope(&msg)),
+            ));
+        }
+        Format::Table(v) => v,
+    };
+    let body = table::to_table(
+        v,
+        &resource.group,
+        &resource.resource,
+        &[&obj.to_value()],
+        json!({ "resourceVersion": snap.rv.to_string() }),
+        include,
+        now_secs(),
+    );
+    Ok(Served::Response(json_response(&body)))
+}
+
+/// A list of `items` at `rv` in `format`.
+fn list(
+    resource: &ResourceType,
+    rv: u64,
+    items: Vec<Arc<Object>>,
+    format: Format,
+    include: table::IncludeObject,
+) -> Result<Served, ApiError> {
+    let v = match format {
+        Format::Json => {
+            let head = object::list_head(
+                &format!("{}List", resource.kind),
+                &resource.api_version(),
+                rv,
+            );
+            return Ok(Served::Response(list_body::list_response(head, items)));
+        }
+        Format::Protobuf(codec) => {
+            // Every item's message first: one the schema cannot express sends the whole
+            // list to the API server rather than leave a field out.
+            let Some(messages) = items.iter().map(|o| o.proto(&codec)).collect() else {
+                return Ok(Served::Forward(Reason::Protobuf));
+            };
+            return Ok(Served::Response(list_body::proto_list_response(
+                &codec, rv, messages,
+            )));
+        }
+        Format::Table(v) => v,
+    };
+    let values: Vec<Value> = items.iter().map(|o| o.to_value()).collect();
+    let body = table::to_table(
+        v,
+        &resource.group,
+        &resource.resource,
+        &values.iter().collect::<Vec<_>>(),
+        json!({ "resourceVersion": rv.to_string() }),
+        include,
+        now_secs(),
+    );
+    Ok(Served::Response(json_response(&body)))
+}
+
+/// A snapshot of `key`, or of a running key covering it, at `min_rv` or later, holding
+/// that key for the grace period; the key it is of and the snapshot, or `Err` with the
+/// reason when the API server should answer instead.
+async fn read(
+    state: &ApiState,
+    user: &UserInfo,
+    key: Key,
+    min_rv: u64,
+) -> Result<Result<(Key, cached_object::Snapshot), Reason>, ApiError> {
+    let held = state
+        .registry
+        .send(Hold {
+            key,
+            duration: state.cache.grace_period(),
+            user: Some(user.username.clone()),
+        })
+        .await
+        .map_err(|_| ApiError::service_unavailable("kcache is shutting down"))?;
+    let held = match held {
+        Ok(held) => held,
+        // Past the key budget: the API server answers reads as well as the cache would.
+        Err(e) => {
+            tracing::debug!(error = %e, "no new key; forwarding upstream");
+            return Ok(Err(Reason::KeyBudget));
+        }
+    };
+    let snap = match snapshot(&held.addr, min_rv).await? {
+        Ok(snap) => snap,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    // A parked key (its objects all immutable, no upstream watch) hears of a deletion or
+    // re-creation only when next verified: a deleted credential must not stay readable, so
+    // the key is proven as new as the upstream before it answers, and read again.
+    if !parks(state, &held.key, &snap) {
+        return Ok(Ok((held.key, snap)));
+    }
+    if let Err(e) = state.fresh.prove(&held.key, &held.addr).await {
+        tracing::info!(error = %e, "parked key not proven fresh; forwarding upstream");
+        return Ok(Err(Reason::NotFresh));
+    }
+    Ok(snapshot(&held.addr, min_rv)
+        .await?
+        .map(|snap| (held.key, snap)))
+}
+
+/// Whether `key` holding `snap` parks (`Key::parks`) in this configuration: it may not
+/// have heard of the latest deletion or re-creation.
+fn parks(state: &ApiState, key: &Key, snap: &cached_object::Snapshot) -> bool {
+    state.cache.immutable_stop_watch && key.parks(snap.objects.iter().map(|o| &**o))
+}
+
+/// The key's snapshot at `min_rv` or later, or `Err` with the reason when the API server
+/// should answer instead.
+async fn snapshot(
+    addr: &Addr<cached_object::CachedObject>,
+    min_rv: u64,
+) -> Result<Result<cached_object::Snapshot, Reason>, ApiError> {
+    match addr.send(Read { min_rv }).await {
+        Ok(Ok(snap)) => Ok(Ok(snap)),
+        Ok(Err(cached_object::Error::TooLargeResourceVersion { requested, current })) => {
+            Err(ApiError::too_large_resource_version(requested, current))
+        }
+        // Not synced in time, or stopping: the API server can still answer.
+        Ok(Err(e)) => {
+            tracing::info!(error = %e, "cache cannot answer; forwarding upstream");
+            Ok(Err(Reason::NotReady))
+        }
+        Err(_) => Ok(Err(Reason::NotReady)),
+    }
+}
+
+fn now_secs() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+fn json_response(v: &Value) -> HttpResponse {
+    HttpResponse::Ok().content_type("application/json").json(v)
+}

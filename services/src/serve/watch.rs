@@ -1,0 +1,206 @@
+//! Starting a cache-served watch: admission, the key's reference, the freshness proof a
+//! streaming list needs, and the Watcher actor that writes the response body.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::http::header::HeaderMap;
+use actix_web::HttpResponse;
+use bytes::Bytes;
+use kcache_actors::core::cover;
+use kcache_actors::core::event::encode_value_line;
+use kcache_actors::core::filter::Filter;
+use kcache_actors::core::object::{EventType, Object};
+use kcache_actors::core::proto;
+use kcache_actors::registry::{Acquire, Release};
+use kcache_actors::watcher::{Encoder, Watcher, WatcherSpec};
+use serde_json::json;
+
+use super::{now_secs, parks, snapshot, Served};
+use crate::auth::UserInfo;
+use crate::plan::{Admitted, Format, Reason, WatchOp};
+use crate::state::ApiState;
+use crate::status::ApiError;
+use crate::table;
+
+/// Starts the watch `op` for `user`; the response streams the watcher's events.
+pub async fn watch(
+    state: &ApiState,
+    user: &UserInfo,
+    op: WatchOp,
+    format: Format,
+) -> Result<Served, ApiError> {
+    let WatchOp {
+        key,
+        label,
+        field,
+        include,
+        timeout_seconds,
+        checked,
+    } = op;
+    let permit = state.watch_limits.admit(&user.username)?;
+    let start = match checked? {
+        Admitted::Start(start) => start,
+        Admitted::Forward(reason) => return Ok(Served::Forward(reason)),
+    };
+    let plan = start.plan;
+    let timeout = timeout(
+        timeout_seconds,
+        state.server.min_request_timeout_secs,
+        rand::random::<f64>(),
+    );
+    let content_type = match format {
+        Format::Protobuf(_) => proto::codec::WATCH_CONTENT_TYPE,
+        _ => "application/json",
+    };
+    let encoder = match format {
+        Format::Json => Encoder::Json,
+        Format::Protobuf(codec) => Encoder::Protobuf(codec),
+        Format::Table(version) => {
+            let resource = key.resource.clone();
+            Encoder::Custom(Arc::new(move |kind: EventType, obj: &Object| -> Bytes {
+                let t = table::to_table(
+                    version,
+                    &resource.group,
+                    &resource.resource,
+                    &[&obj.to_value()],
+                    json!({ "resourceVersion": obj.rv().to_string() }),
+                    include,
+                    now_secs(),
+                );
+                encode_value_line(kind.as_str(), &t)
+            }))
+        }
+    };
+    let (tx, rx) = kcache_actors::body::channel(state.cache.watcher_buffer);
+    let registry = state.registry.clone();
+    let mailbox = state.cache.watcher_buffer.max(16);
+    let keepalive = Duration::from_secs(state.cache.watch_keepalive_secs);
+    // Take the reference first: a key the user may not start is a 429 (the watch was not
+    // accepted), as a watch past the watch caps. The watcher releases it when it stops.
+    let held = registry
+        .send(Acquire {
+            key: key.clone(),
+            from_rv: if plan.initial_events { 0 } else { plan.from_rv },
+            user: Some(user.username.clone()),
+        })
+        .await
+        .map_err(|_| ApiError::service_unavailable("kcache is shutting down"))?
+        .map_err(|e| crate::limits::too_many_requests(e.to_string()))?;
+    // A watch that starts with the key's state (from "0") must not hand out an object a
+    // parked key has not yet heard was deleted: proven like a consistent read.
+    let prove = start.consistent
+        || (plan.initial_events
+            && state.cache.immutable_stop_watch
+            && held.key.may_hold_immutable()
+            && matches!(snapshot(&held.addr, 0).await, Ok(Ok(snap)) if parks(state, &held.key, &snap)));
+    if prove {
+        if let Err(e) = state.fresh.prove(&held.key, &held.addr).await {
+            tracing::info!(error = %e, "consistent read not proven fresh; forwarding upstream");
+            registry.do_send(Release {
+                key: held.key,
+                asked: key,
+            });
+            return Ok(Served::Forward(Reason::NotFresh));
+        }
+    }
+    // Served by a covering key, the filter tests what the own key's upstream selector
+    // would have guaranteed.
+    let filter = Filter::new(label, cover::field_for(&key, &held.key, field));
+    let asked = (held.key != key).then(|| Box::new(key));
+    // Start the watcher on this worker's arbiter. Until its first event the client sees the
+    // response head and waits, as with the API server.
+    actix::Actor::start(Watcher::new(WatcherSpec {
+        key: held.key,
+        asked,
+        filter,
+        plan,
+        allow_bookmarks: start.allow_bookmarks,
+        timeout,
+        encoder,
+        body: tx,
+        cached: held.addr.recipient(),
+        registry,
+        mailbox,
+        keepalive,
+        permit: Some(Box::new(permit)),
+    }));
+    let mut res = HttpResponse::Ok()
+        .content_type(content_type)
+        .insert_header(("Cache-Control", "no-cache, private"))
+        .streaming(rx);
+    compact_headers(res.headers_mut());
+    Ok(Served::Response(res))
+}
+
+/// A watch's duration as the API server computes it: `time.Duration(timeoutSeconds) *
+/// time.Second`, in Go's wrapping int64 nanoseconds; zero (or absent) is
+/// `--min-request-timeout` × [1, 2) (`jitter` in [0, 1)), and a negative one ends the
+/// watch at once (a Go timer fires at once for it).
+fn timeout(timeout_seconds: Option<i64>, min_request_timeout_secs: u64, jitter: f64) -> Duration {
+    match timeout_seconds.unwrap_or(0).wrapping_mul(1_000_000_000) {
+        0 => Duration::from_secs_f64(min_request_timeout_secs as f64 * (1.0 + jitter)),
+        n if n < 0 => Duration::ZERO,
+        n => Duration::from_nanos(n.unsigned_abs()),
+    }
+}
+
+/// Replaces `headers` with a map just large enough for its entries.
+///
+/// actix-http pre-sizes every response's header map for 12 headers (about 3.4 KB) and, for
+/// HTTP/2, keeps the response head alive until the body ends (`h2::dispatcher`'s
+/// `handle_response`). A watch's body lasts as long as the watch, so at 50,000 watches the
+/// two headers a watch carries would cost 170 MB of empty buckets; right-sized they need
+/// about 0.8 KB each.
+fn compact_headers(headers: &mut HeaderMap) {
+    let mut small = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers.iter() {
+        small.append(name.clone(), value.clone());
+    }
+    *headers = small;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_are_read_as_the_api_server_reads_them() {
+        let cases: [(Option<i64>, f64, Duration); 6] = [
+            (None, 0.0, Duration::from_secs(1800)),
+            (Some(0), 0.5, Duration::from_secs(2700)),
+            (Some(5), 0.9, Duration::from_secs(5)),
+            (Some(-1), 0.0, Duration::ZERO),
+            // Go's int64 nanoseconds wrap: 2^63 / 1e9 seconds and beyond come out negative
+            // or small, as the API server computes them.
+            (Some(9_223_372_037), 0.0, Duration::ZERO),
+            (
+                Some(i64::MAX),
+                0.0,
+                Duration::from_nanos(i64::MAX.wrapping_mul(1_000_000_000).unsigned_abs()),
+            ),
+        ];
+        for (secs, jitter, want) in cases {
+            assert_eq!(timeout(secs, 1800, jitter), want, "{secs:?}");
+        }
+    }
+
+    #[test]
+    fn compact_headers_keeps_every_value_in_a_smaller_map() {
+        let mut res = HttpResponse::Ok()
+            .content_type("application/json")
+            .insert_header(("Cache-Control", "no-cache, private"))
+            .append_header(("Warning", "a"))
+            .append_header(("Warning", "b"))
+            .finish();
+        let before = res.headers().capacity();
+        compact_headers(res.headers_mut());
+        let h = res.headers();
+        assert!(h.capacity() < before, "{} !< {before}", h.capacity());
+        assert_eq!(h.len(), 4);
+        assert_eq!(h.get("content-type").unwrap(), "application/json");
+        assert_eq!(h.get("cache-control").unwrap(), "no-cache, private");
+        let warnings: Vec<_> = h.get_all("warning").collect();
+        assert_eq!(warnings, ["a", "b"]);
+    }
+}
