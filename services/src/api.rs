@@ -71,8 +71,9 @@ async fn serve_or_proxy(
                 Ok(None) => {}
                 Ok(Some(r)) => return (ServedBy::Cache, Ok(with_warnings(r, warnings.as_ref()))),
                 // As the API server: authorized requests carry the resource's read warnings
-                // whatever their outcome; refused ones do not.
-                Err(e) if warnings.is_some() && !matches!(e.code, 401 | 403) => {
+                // whatever their outcome; refused ones (and those that found no seat) do
+                // not.
+                Err(e) if warnings.is_some() && !matches!(e.code, 401 | 403 | 429) => {
                     let r = actix_web::ResponseError::error_response(&e);
                     return (ServedBy::Cache, Ok(with_warnings(r, warnings.as_ref())));
                 }
@@ -154,11 +155,14 @@ async fn serve_or_forward(
         ..
     } = planned;
     let user = access::identify(req, state).await?;
+    // A flow is a user: taken before authorization, as the API server's priority and
+    // fairness filter sits before its authorizer.
+    let seat = state.fairness.seat(&user.username).await?;
     let decision = access::check(state, &user, &attrs).await;
     let served = match (&decision, op) {
         (Err(e), _) => Err(e.clone()),
         (Ok(()), Err(e)) => Err(e),
-        (Ok(()), Ok(op)) => serve::serve(state, &user, &resource, op, format).await,
+        (Ok(()), Ok(op)) => serve::serve(state, &user, &resource, op, format, seat).await,
     };
     if !matches!(served, Ok(Served::Forward(_))) {
         let (allowed, reason) = match &decision {

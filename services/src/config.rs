@@ -60,6 +60,16 @@ pub struct ServerConfig {
     pub max_watches: usize,
     /// Most watches one user may hold open (0: no cap).
     pub max_watches_per_user: usize,
+    /// Cache-served requests worked on at once (`crate::fairness`); 0: 16 per core. While
+    /// all are taken, each user waits in a queue of their own and freed seats go to the
+    /// waiting users in turn.
+    pub cache_seats: usize,
+    /// Most cache-served requests one user may have waiting for a seat; past it, 429 with
+    /// Retry-After.
+    pub cache_queue_per_user: usize,
+    /// Longest a cache-served request waits for a seat before its 429 (the API server's
+    /// priority and fairness waits up to 15 s).
+    pub cache_queue_wait_secs: u64,
     /// Most proxied read-only requests in flight (0: no cap); past it, 429 with
     /// Retry-After. As the API server's `--max-requests-inflight`.
     pub max_proxied_requests_inflight: usize,
@@ -78,6 +88,16 @@ pub struct ServerConfig {
     pub keep_alive_secs: u64,
 }
 
+impl ServerConfig {
+    /// `cache_seats`, with 0 read as 16 per core.
+    pub fn cache_seats(&self) -> usize {
+        match self.cache_seats {
+            0 => 16 * std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
+        }
+    }
+}
+
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
@@ -88,6 +108,9 @@ impl Default for ServerConfig {
             workers: 0,
             max_watches: 100_000,
             max_watches_per_user: 20_000,
+            cache_seats: 0,
+            cache_queue_per_user: 1000,
+            cache_queue_wait_secs: 15,
             max_proxied_requests_inflight: 400,
             max_proxied_mutating_requests_inflight: 200,
             max_proxied_long_running_requests: 10_000,

@@ -23,6 +23,7 @@ pub mod authz;
 pub mod cert_identity;
 pub mod config;
 pub mod discovery;
+pub mod fairness;
 pub mod fresh;
 pub mod hangup;
 pub mod limits;

@@ -99,6 +99,7 @@ pub async fn run(
     kcache_actors::metrics::describe();
     crate::request_metrics::describe();
     crate::limits::describe();
+    crate::fairness::describe();
     crate::fresh::describe();
     crate::process::init();
     let resources = cfg.resource_types()?;
@@ -185,6 +186,11 @@ pub async fn run(
         watch_limits: crate::limits::WatchLimits::new(
             cfg.server.max_watches,
             cfg.server.max_watches_per_user,
+        ),
+        fairness: crate::fairness::Fairness::new(
+            cfg.server.cache_seats(),
+            cfg.server.cache_queue_per_user,
+            Duration::from_secs(cfg.server.cache_queue_wait_secs),
         ),
         proxy,
         cache: cfg.cache.clone(),

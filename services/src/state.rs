@@ -29,6 +29,8 @@ pub struct ApiState {
     pub anonymous: AtomicBool,
     pub proxy: Proxy,
     pub watch_limits: WatchLimits,
+    /// Seats for cache-served requests, shared fairly between users.
+    pub fairness: crate::fairness::Fairness,
     pub audit: crate::audit::Auditor,
     pub cache: CacheConfig,
     pub server: ServerConfig,

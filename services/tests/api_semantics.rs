@@ -560,3 +560,88 @@ async fn read_warnings_match_the_api_servers() {
         "the Endpoints reads were served by kcache: {m}"
     );
 }
+
+/// One user's flood of cache-served reads fills that user's own queue for the cache's
+/// seats (`server.cache_seats`): past it, 429 with Retry-After, counted by reason; another
+/// user reading meanwhile waits at most a turn and gets the API server's answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_from_one_user_is_refused_from_its_own_queue_not_others() {
+    let cluster = TestCluster::start().await;
+    let k = Kcache::start(
+        &cluster,
+        "[server]\ncache_seats = 1\ncache_queue_per_user = 2\ncache_queue_wait_secs = 10\n",
+    )
+    .await;
+    let path = "/api/v1/namespaces/default/configmaps?resourceVersion=0";
+    let http = support::insecure_http();
+    let get = |base: String, token: &'static str| {
+        let http = http.clone();
+        async move {
+            let resp = http
+                .get(format!("{base}{path}"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .expect("request");
+            let code = resp.status().as_u16();
+            let retry_after = resp
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let body: Value = resp.json().await.unwrap_or(Value::Null);
+            (code, retry_after, body)
+        }
+    };
+    // The key is synced before the flood.
+    assert_eq!(get(k.url.clone(), TOKEN).await.0, 200);
+    // What the API server answers the other user (whatever their rights).
+    let calm_want = get(cluster.url.clone(), "viewertoken").await.0;
+    let flood = futures::future::join_all((0..300).map(|_| get(k.url.clone(), TOKEN)));
+    let calm = async {
+        let mut codes = Vec::new();
+        for _ in 0..20 {
+            codes.push(get(k.url.clone(), "viewertoken").await.0);
+        }
+        codes
+    };
+    let (flood, calm) = tokio::join!(flood, calm);
+    assert!(
+        calm.iter().all(|c| *c == calm_want),
+        "the other user's answers {calm:?}, the API server's {calm_want}"
+    );
+    let refused: Vec<_> = flood.iter().filter(|(c, _, _)| *c == 429).collect();
+    assert!(
+        flood.iter().all(|(c, _, _)| matches!(c, 200 | 429)),
+        "{:?}",
+        flood.iter().map(|f| f.0).collect::<Vec<_>>()
+    );
+    assert!(
+        !refused.is_empty(),
+        "a flood through one seat was never refused"
+    );
+    for (_, retry_after, body) in &refused {
+        assert_eq!(retry_after.as_deref(), Some("1"));
+        assert_eq!(body["reason"], "TooManyRequests", "{body}");
+        assert!(
+            body["message"].as_str().unwrap_or("").contains("\"admin\""),
+            "{body}"
+        );
+    }
+    let m = k.metrics_text().await;
+    let counted = support::kcache::sum_samples(
+        &m,
+        "kcache_cache_requests_rejected_total",
+        Some("reason=\"queue_full\""),
+    );
+    assert!(
+        counted >= refused.len() as f64,
+        "{counted} counted, {} refused",
+        refused.len()
+    );
+    // Every seat and queue place is given back.
+    assert_eq!(
+        support::kcache::sum_samples(&m, "kcache_cache_requests_waiting", None),
+        0.0
+    );
+}

@@ -22,6 +22,7 @@ use serde::Serialize;
 use crate::cached_object::{CachedObject, Drain, Stop};
 use crate::config::CacheConfig;
 use crate::core::cover::{self, KeyState};
+use crate::core::holds::{Holds, OnHold, OnTimer};
 use crate::core::interest::Interest;
 use crate::core::key::Key;
 use crate::core::subject::key_token;
@@ -39,6 +40,9 @@ struct Entry {
     /// References taken for requests of other keys this one covers (`core::cover`), by
     /// the key asked for: included in `refs`, shown in `/debug/keys`.
     covering: HashMap<Key, usize>,
+    /// Reads' holds on this key, by the key asked: one reference each, renewed by every
+    /// read (`core::holds`).
+    holds: Holds<Key>,
     /// Bumped on every release to zero, so a stale grace timer does nothing.
     generation: u64,
     status: Arc<KeyStatus>,
@@ -338,6 +342,7 @@ impl Registry {
                 creator: None,
                 refs: 0,
                 covering: HashMap::new(),
+                holds: Holds::default(),
                 generation: 0,
                 status,
             }
@@ -608,9 +613,37 @@ impl Handler<Hold> for Registry {
         let held = self.acquire_covering(msg.key.clone(), 0, msg.user.as_deref());
         if let Ok(h) = &held {
             let (key, asked) = (h.key.clone(), msg.key);
-            ctx.run_later(msg.duration, move |act, ctx| act.release(&key, &asked, ctx));
+            let now = std::time::Instant::now();
+            let on_hold = self
+                .entries
+                .get_mut(&key)
+                .map(|e| e.holds.hold(&asked, now, msg.duration));
+            match on_hold {
+                Some(OnHold::Keep(after)) => self.check_hold(key, asked, after, ctx),
+                // The hold's reference stays; the one just taken goes back.
+                Some(OnHold::Extended) => self.release(&key, &asked, ctx),
+                None => {}
+            }
         }
         MessageResult(held)
+    }
+}
+
+impl Registry {
+    /// After `after`, releases the hold of `asked` on `key` if no read renewed it, or
+    /// checks again when its deadline has moved: one timer per held key.
+    fn check_hold(&mut self, key: Key, asked: Key, after: Duration, ctx: &mut Context<Self>) {
+        ctx.run_later(after, move |act, ctx| {
+            let now = std::time::Instant::now();
+            let Some(e) = act.entries.get_mut(&key) else {
+                return;
+            };
+            match e.holds.timer(&asked, now) {
+                OnTimer::Release => act.release(&key, &asked, ctx),
+                OnTimer::Again(after) => act.check_hold(key, asked, after, ctx),
+                OnTimer::Gone => {}
+            }
+        });
     }
 }
 

@@ -8,6 +8,8 @@ use bytes::Bytes;
 use kcache_actors::core::object::{self, Object};
 use kcache_actors::core::proto::{self, Codec};
 
+use crate::fairness::Seat;
+
 /// How many bytes of items a list writes at a time.
 const LIST_CHUNK: usize = 64 << 10;
 
@@ -16,7 +18,7 @@ const LIST_CHUNK: usize = 64 << 10;
 /// snapshot (a pointer per object) and one chunk, not a second copy of every object. The
 /// length is known up front, so the response carries `Content-Length` as the API
 /// server's does.
-pub fn list_response(head: Bytes, items: Vec<Arc<Object>>) -> HttpResponse {
+pub fn list_response(head: Bytes, items: Vec<Arc<Object>>, seat: Seat) -> HttpResponse {
     let commas = items.len().saturating_sub(1);
     let len = head.len()
         + items.iter().map(|o| o.json().len()).sum::<usize>()
@@ -26,11 +28,14 @@ pub fn list_response(head: Bytes, items: Vec<Arc<Object>>) -> HttpResponse {
         head: Option<Bytes>,
         items: std::vec::IntoIter<Arc<Object>>,
         writer: Option<object::ListWriter>,
+        /// Freed with the body: when its last chunk is written, or its client left.
+        _seat: Seat,
     }
     let st = St {
         head: Some(head),
         items: items.into_iter(),
         writer: Some(object::ListWriter::new(LIST_CHUNK)),
+        _seat: seat,
     };
     let stream = futures::stream::unfold(st, move |mut st| async move {
         if let Some(head) = st.head.take() {
@@ -56,7 +61,12 @@ pub fn list_response(head: Bytes, items: Vec<Arc<Object>>) -> HttpResponse {
 
 /// A protobuf list: the envelope's head, each item's field header and message, the tail;
 /// chunked as [`list_response`], with its length known up front.
-pub fn proto_list_response(codec: &Codec, rv: u64, messages: Vec<Bytes>) -> HttpResponse {
+pub fn proto_list_response(
+    codec: &Codec,
+    rv: u64,
+    messages: Vec<Bytes>,
+    seat: Seat,
+) -> HttpResponse {
     let (head, tail) = codec.list_head(rv, messages.iter().map(Bytes::len));
     let len = head.len()
         + messages
@@ -70,11 +80,13 @@ pub fn proto_list_response(codec: &Codec, rv: u64, messages: Vec<Bytes>) -> Http
         head: Option<Bytes>,
         messages: std::vec::IntoIter<Bytes>,
         tail: Option<Bytes>,
+        _seat: Seat,
     }
     let st = St {
         head: Some(head),
         messages: messages.into_iter(),
         tail: Some(tail),
+        _seat: seat,
     };
     let stream = futures::stream::unfold(st, |mut st| async move {
         if let Some(head) = st.head.take() {

@@ -20,6 +20,7 @@ use kcache_actors::registry::Hold;
 use serde_json::{json, Value};
 
 use crate::auth::UserInfo;
+use crate::fairness::Seat;
 use crate::plan::{Format, Op, Reason};
 use crate::state::ApiState;
 use crate::status::ApiError;
@@ -40,7 +41,10 @@ pub async fn serve(
     resource: &Arc<ResourceType>,
     op: Op,
     format: Format,
+    seat: Seat,
 ) -> Result<Served, ApiError> {
+    // The seat is held until the answer is written: dropped here for all but a list's
+    // body, which keeps it until its last byte.
     match op {
         Op::Forward(reason) => Ok(Served::Forward(reason)),
         Op::Watch(w) => watch::watch(state, user, *w, format).await,
@@ -80,7 +84,7 @@ pub async fn serve(
                 .into_iter()
                 .filter(|o| filter.matches(o))
                 .collect();
-            list(resource, snap.rv, items, format, include)
+            list(resource, snap.rv, items, format, include, seat)
         }
     }
 }
@@ -153,6 +157,7 @@ fn list(
     items: Vec<Arc<Object>>,
     format: Format,
     include: table::IncludeObject,
+    seat: Seat,
 ) -> Result<Served, ApiError> {
     let v = match format {
         Format::Json => {
@@ -161,7 +166,9 @@ fn list(
                 &resource.api_version(),
                 rv,
             );
-            return Ok(Served::Response(list_body::list_response(head, items)));
+            return Ok(Served::Response(list_body::list_response(
+                head, items, seat,
+            )));
         }
         Format::Protobuf(codec) => {
             // Every item's message first: one the schema cannot express sends the whole
@@ -170,7 +177,7 @@ fn list(
                 return Ok(Served::Forward(Reason::Protobuf));
             };
             return Ok(Served::Response(list_body::proto_list_response(
-                &codec, rv, messages,
+                &codec, rv, messages, seat,
             )));
         }
         Format::Table(v) => v,

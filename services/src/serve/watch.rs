@@ -174,11 +174,8 @@ mod tests {
             // Go's int64 nanoseconds wrap: 2^63 / 1e9 seconds and beyond come out negative
             // or small, as the API server computes them.
             (Some(9_223_372_037), 0.0, Duration::ZERO),
-            (
-                Some(i64::MAX),
-                0.0,
-                Duration::from_nanos(i64::MAX.wrapping_mul(1_000_000_000).unsigned_abs()),
-            ),
+            // ... and past 2^64 ns, positive again: a watch of 0.29 s.
+            (Some(18_446_744_074), 0.0, Duration::from_nanos(290_448_384)),
         ];
         for (secs, jitter, want) in cases {
             assert_eq!(timeout(secs, 1800, jitter), want, "{secs:?}");
