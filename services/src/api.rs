@@ -9,7 +9,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use kcache_actors::core::key::ResourceType;
 
 use crate::access::{self, CertAuth};
-use crate::plan::{self, Forward, Incoming, Plan, Reason};
+use crate::plan::{self, Forward, Incoming, Op, Plan, Reason};
 use crate::request_metrics::{self, ServedBy};
 use crate::serve::{self, Served};
 use crate::state::ApiState;
@@ -155,9 +155,16 @@ async fn serve_or_forward(
         ..
     } = planned;
     let user = access::identify(req, state).await?;
-    // A flow is a user: taken before authorization, as the API server's priority and
-    // fairness filter sits before its authorizer.
-    let seat = state.fairness.seat(&user.username).await?;
+    // A seat for the cache's work, when the cache does the work (a request the plan
+    // already knows goes upstream meets the API server's own priority and fairness). A
+    // flow is a user; taken before authorization, as the API server's filter sits before
+    // its authorizer.
+    let seat = match &op {
+        Ok(Op::Get { .. } | Op::List { .. } | Op::Watch(_)) => {
+            Some(state.fairness.seat(&user.username).await?)
+        }
+        Ok(Op::Forward(_)) | Err(_) => None,
+    };
     let decision = access::check(state, &user, &attrs).await;
     let served = match (&decision, op) {
         (Err(e), _) => Err(e.clone()),

@@ -186,9 +186,12 @@ pub struct Seat {
 
 impl Drop for Seat {
     fn drop(&mut self) {
-        if let Ok(mut s) = self.shared.lock() {
-            s.free();
-        }
+        // A poisoned lock (a panic elsewhere while it was held) still counts its seats.
+        let mut s = self
+            .shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.free();
     }
 }
 
@@ -205,14 +208,16 @@ impl Drop for Waiting {
         if self.seated {
             return;
         }
-        if let Ok(mut s) = self.shared.lock() {
-            s.wake.remove(&self.ticket);
-            if !s.queues.abandon(&self.user, self.ticket) {
-                // The seat came as it gave up: nobody will use it.
-                s.free();
-            }
-            s.gauges();
+        let mut s = self
+            .shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.wake.remove(&self.ticket);
+        if !s.queues.abandon(&self.user, self.ticket) {
+            // The seat came as it gave up: nobody will use it.
+            s.free();
         }
+        s.gauges();
     }
 }
 
@@ -233,9 +238,11 @@ impl Fairness {
     /// A seat for a request of `user`, when their turn comes; 429 when their queue is full
     /// or the wait is too long.
     pub async fn seat(&self, user: &str) -> Result<Seat, ApiError> {
-        let unavailable = || ApiError::service_unavailable("request admission unavailable");
         let (ticket, rx) = {
-            let mut s = self.shared.lock().map_err(|_| unavailable())?;
+            let mut s = self
+                .shared
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let ticket = s.next_ticket;
             s.next_ticket += 1;
             match s.queues.arrive(&user.to_string(), ticket) {

@@ -570,6 +570,26 @@ mod tests {
         assert_eq!(outcome(&plan(&incoming, None)), "forward uncached");
     }
 
+    /// A new reason does not compile here until it has its place in `Reason::ALL` (and so
+    /// its series registered at zero).
+    #[test]
+    fn every_reason_is_in_all() {
+        for r in Reason::ALL {
+            let i = match r {
+                Reason::Query => 0,
+                Reason::Accept => 1,
+                Reason::Selector => 2,
+                Reason::Name => 3,
+                Reason::Rv => 4,
+                Reason::KeyBudget => 5,
+                Reason::NotReady => 6,
+                Reason::NotFresh => 7,
+                Reason::Protobuf => 8,
+            };
+            assert_eq!(Reason::ALL[i], r);
+        }
+    }
+
     #[test]
     fn attributes_are_the_api_servers() {
         let resources = resources();

@@ -498,3 +498,62 @@ async fn node_pod_watches_coalesce_into_the_cluster_pods_key_without_a_gap() {
     }
     assert!(k.metric("kcache_coalesce_moved_watchers_total").await >= 4.0);
 }
+
+/// Coalescing weighs the objects the names' keys hold, not the names asked for: watching
+/// names that do not exist must not pull a whole namespace into the cache. The decision
+/// is judged on its own figures (/debug/keys: the names counted, the namespace counted,
+/// nothing held), not by a timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watching_names_that_do_not_exist_never_coalesces_their_namespace() {
+    let cluster = TestCluster::start().await;
+    let k = Kcache::start(
+        &cluster,
+        "[cache]\ncoalesce_min_names = 4\ncoalesce_fraction = 0.3\n",
+    )
+    .await;
+    let admin = cluster.kube_client().await;
+    support::create_namespace(&admin, NS).await;
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), NS);
+    writes(&api, 10).await;
+    let http = support::http::Http::new(&k.url);
+    let mut watches = Vec::new();
+    for i in 0..6 {
+        watches.push(
+            http.watch_ok(&format!(
+                "/api/v1/namespaces/{NS}/configmaps?watch=1&resourceVersion=0\
+                 &fieldSelector=metadata.name%3Dmissing{i}"
+            ))
+            .await,
+        );
+    }
+    let ns_key = format!("/api/v1/namespaces/{NS}/configmaps");
+    let group = || async {
+        let keys = k.debug_keys().await;
+        keys["groups"]
+            .as_array()
+            .and_then(|g| g.iter().find(|g| g["key"] == ns_key.as_str()).cloned())
+    };
+    // Decided on six names, a counted namespace and nothing held...
+    let mut decided = 0;
+    for _ in 0..60 {
+        if let Some(g) = group().await {
+            if g["names"] == 6 && g["objects"].as_u64().is_some() && g["held"] == 0 {
+                decided += 1;
+                // ...at least twice after the count (a check runs every second).
+                if decided == 3 {
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let keys = k.debug_keys().await;
+    assert_eq!(decided, 3, "no decision on the group's figures: {keys:#}");
+    // ...and kept apart: a name key per watched name, no namespace key.
+    let g = group().await.expect("group");
+    assert_eq!(g["state"], "apart", "{keys:#}");
+    assert!(k.key_info(&ns_key).await.is_none(), "{keys:#}");
+    assert_eq!(name_keys(&k).await, 6, "{keys:#}");
+    assert_eq!(k.metric("kcache_coalescings_total").await, 0.0);
+    drop(watches);
+}

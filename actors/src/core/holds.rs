@@ -48,7 +48,11 @@ impl<K> Default for Holds<K> {
 impl<K: Hash + Eq + Clone> Holds<K> {
     /// A read of `asked` at `now`, holding it for `duration`.
     pub fn hold(&mut self, asked: &K, now: Instant, duration: Duration) -> OnHold {
-        let deadline = now + duration;
+        // An absurd duration (a misconfigured grace period) holds for as long as an
+        // Instant can say, rather than panic in the registry.
+        let deadline = now
+            .checked_add(duration)
+            .unwrap_or(now + Duration::from_secs(1 << 32));
         match self.until.get_mut(asked) {
             Some(until) => {
                 *until = (*until).max(deadline);

@@ -130,18 +130,28 @@ impl Registry {
         names
     }
 
-    /// The objects the running small keys of a group hold, when known: a name key holds
-    /// one object; node keys hold their pods, which nobody counts once the cluster key
-    /// serves them.
+    /// The objects the small keys of a group hold, when known. A running name key holds
+    /// its object or none (watching names that do not exist must not pull the namespace
+    /// in); a name served by the namespace key, or watched on another replica only, counts
+    /// as the one object it may be. Node keys hold their pods, which nobody counts once the
+    /// cluster key serves them.
     fn held(&self, big: &Key, names: usize, small: Option<&HashSet<Key>>) -> Option<u64> {
-        if !matches!(big.scope, Scope::Cluster) {
-            return Some(names as u64);
-        }
-        let mut held = 0;
+        let cluster = matches!(big.scope, Scope::Cluster);
+        let (mut held, mut running) = (0, 0);
         for k in small.into_iter().flatten() {
-            held += self.entries.get(k)?.status.objects.load(Ordering::Relaxed) as u64;
+            match self.entries.get(k) {
+                Some(e) => {
+                    held += e.status.objects.load(Ordering::Relaxed) as u64;
+                    running += 1;
+                }
+                None if cluster => return None,
+                None => {}
+            }
         }
-        Some(held)
+        if cluster {
+            return Some(held);
+        }
+        Some(held + names.saturating_sub(running) as u64)
     }
 
     pub(super) fn check_coalescing(&mut self, ctx: &mut Context<Self>) {
@@ -235,6 +245,14 @@ impl Registry {
     }
 
     fn coalesce(&mut self, ns_key: &Key, names: usize) {
+        // Starting the namespace key passes the replica's key budget, as any key start.
+        if !self.entries.contains_key(ns_key) {
+            if let Err(e) = self.admit(None) {
+                self.refused(ns_key);
+                tracing::info!(key = %ns_key, error = %e, "not coalescing: no key budget for the namespace key");
+                return;
+            }
+        }
         self.acquire(ns_key.clone());
         if let Some(c) = self.coalescing.get_mut(ns_key) {
             c.state = State::Coalesced;
@@ -249,7 +267,16 @@ impl Registry {
         let mut started = HashMap::new();
         for name in names.into_iter().flatten() {
             // Only the names the namespace key serves move back; a name key that still
-            // runs keeps its own watchers.
+            // runs keeps its own watchers. A name key start passes the replica's key
+            // budget: past it, the name stays served by the namespace key (whose
+            // watchers hold it running).
+            if !self.entries.contains_key(name) {
+                if let Err(e) = self.admit(None) {
+                    self.refused(name);
+                    tracing::info!(key = %name, error = %e, "split: name key left on the namespace key, no key budget");
+                    continue;
+                }
+            }
             self.acquire(name.clone());
             started.insert(name.clone(), false);
         }

@@ -219,6 +219,13 @@ impl Registry {
         }
     }
 
+    /// Counts a key start refused by a key budget.
+    fn refused(&self, key: &Key) {
+        let r = &key.resource;
+        metrics::counter!(crate::metrics::KEYS_REFUSED, "group" => r.group.clone(), "resource" => r.resource.clone())
+            .increment(1);
+    }
+
     /// Whether `user` may start one more key.
     fn admit(&self, user: Option<&str>) -> Result<(), Error> {
         let cfg = &self.cfg;
@@ -306,9 +313,7 @@ impl Registry {
         let new = !self.entries.contains_key(&key);
         if new {
             if let Err(e) = self.admit(user) {
-                let r = &key.resource;
-                metrics::counter!(crate::metrics::KEYS_REFUSED, "group" => r.group.clone(), "resource" => r.resource.clone())
-                    .increment(1);
+                self.refused(&key);
                 return Err(e);
             }
             if let Some(user) = user {

@@ -10,6 +10,26 @@ use kcache_actors::core::proto::{self, Codec};
 
 use crate::fairness::Seat;
 
+/// Longest a list's body keeps its seat: the API server's request timeout, which ends its
+/// own seat's hold. A client that stops reading keeps its connection, not the seat.
+const SEAT_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Held by a body while it is written; dropping it (the body ended, or its client left)
+/// frees the seat.
+pub struct SeatHeld(#[allow(dead_code)] tokio::sync::oneshot::Sender<()>);
+
+/// Hands `seat` to a task that frees it when the body's [`SeatHeld`] is dropped, or after
+/// [`SEAT_LIMIT`], whichever comes first: a body that is not read is not polled, so it
+/// cannot free the seat itself.
+fn hold_seat(seat: Seat) -> SeatHeld {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    actix_rt::spawn(async move {
+        let _ = tokio::time::timeout(SEAT_LIMIT, rx).await;
+        drop(seat);
+    });
+    SeatHeld(tx)
+}
+
 /// How many bytes of items a list writes at a time.
 const LIST_CHUNK: usize = 64 << 10;
 
@@ -18,7 +38,7 @@ const LIST_CHUNK: usize = 64 << 10;
 /// snapshot (a pointer per object) and one chunk, not a second copy of every object. The
 /// length is known up front, so the response carries `Content-Length` as the API
 /// server's does.
-pub fn list_response(head: Bytes, items: Vec<Arc<Object>>, seat: Seat) -> HttpResponse {
+pub fn list_response(head: Bytes, items: Vec<Arc<Object>>, seat: Option<Seat>) -> HttpResponse {
     let commas = items.len().saturating_sub(1);
     let len = head.len()
         + items.iter().map(|o| o.json().len()).sum::<usize>()
@@ -28,14 +48,14 @@ pub fn list_response(head: Bytes, items: Vec<Arc<Object>>, seat: Seat) -> HttpRe
         head: Option<Bytes>,
         items: std::vec::IntoIter<Arc<Object>>,
         writer: Option<object::ListWriter>,
-        /// Freed with the body: when its last chunk is written, or its client left.
-        _seat: Seat,
+        /// The seat's hold (`hold_seat`): freed with the body.
+        _seat: Option<SeatHeld>,
     }
     let st = St {
         head: Some(head),
         items: items.into_iter(),
         writer: Some(object::ListWriter::new(LIST_CHUNK)),
-        _seat: seat,
+        _seat: seat.map(hold_seat),
     };
     let stream = futures::stream::unfold(st, move |mut st| async move {
         if let Some(head) = st.head.take() {
@@ -65,7 +85,7 @@ pub fn proto_list_response(
     codec: &Codec,
     rv: u64,
     messages: Vec<Bytes>,
-    seat: Seat,
+    seat: Option<Seat>,
 ) -> HttpResponse {
     let (head, tail) = codec.list_head(rv, messages.iter().map(Bytes::len));
     let len = head.len()
@@ -80,13 +100,13 @@ pub fn proto_list_response(
         head: Option<Bytes>,
         messages: std::vec::IntoIter<Bytes>,
         tail: Option<Bytes>,
-        _seat: Seat,
+        _seat: Option<SeatHeld>,
     }
     let st = St {
         head: Some(head),
         messages: messages.into_iter(),
         tail: Some(tail),
-        _seat: seat,
+        _seat: seat.map(hold_seat),
     };
     let stream = futures::stream::unfold(st, |mut st| async move {
         if let Some(head) = st.head.take() {
@@ -108,4 +128,33 @@ pub fn proto_list_response(
     HttpResponse::Ok()
         .content_type(proto::codec::CONTENT_TYPE)
         .body(actix_web::body::SizedStream::new(len as u64, stream))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fairness::Fairness;
+    use std::time::Duration;
+
+    /// A body that ends frees its seat at once; one whose client stops reading frees it
+    /// after SEAT_LIMIT, though the body itself is never polled again.
+    #[actix_rt::test]
+    async fn a_list_body_frees_its_seat_when_done_or_at_the_limit() {
+        let f = Fairness::new(1, 10, Duration::from_secs(3600));
+        let held = hold_seat(f.seat("a").await.expect("seat"));
+        drop(held);
+        let next = tokio::time::timeout(Duration::from_secs(5), f.seat("b")).await;
+        let held = hold_seat(next.expect("freed when the body ended").expect("seat"));
+        tokio::time::pause();
+        let waiter = {
+            let f = f.clone();
+            actix_rt::spawn(async move { f.seat("c").await.map(|_| ()) })
+        };
+        tokio::time::advance(SEAT_LIMIT + Duration::from_secs(1)).await;
+        waiter
+            .await
+            .expect("join")
+            .expect("freed at the limit while the body is still held");
+        drop(held);
+    }
 }

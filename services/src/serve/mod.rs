@@ -41,7 +41,7 @@ pub async fn serve(
     resource: &Arc<ResourceType>,
     op: Op,
     format: Format,
-    seat: Seat,
+    seat: Option<Seat>,
 ) -> Result<Served, ApiError> {
     // The seat is held until the answer is written: dropped here for all but a list's
     // body, which keeps it until its last byte.
@@ -157,7 +157,7 @@ fn list(
     items: Vec<Arc<Object>>,
     format: Format,
     include: table::IncludeObject,
-    seat: Seat,
+    seat: Option<Seat>,
 ) -> Result<Served, ApiError> {
     let v = match format {
         Format::Json => {
