@@ -9,7 +9,8 @@
 //! upstream watches at the price of holding `objects - names` objects nobody asked for, so
 //! it pays when the objects the small keys already hold are a large enough share of what
 //! the big key would: `names >= min_names` and `held >= fraction × objects`, where a name
-//! key holds one object and a node key its node's pods. A namespace with 10,000 Secrets
+//! key holds its object or none (watched names that do not exist weigh nothing, so they
+//! cannot pull a namespace in) and a node key its node's pods. A namespace with 10,000 Secrets
 //! of which 3 are watched never qualifies; 5,000 node keys holding 140,000 of 150,000
 //! pods do. Splitting back uses a lower share (`split_fraction`, or fewer than half of
 //! `min_names` keys) and must hold for `split_after_ms`, so a group near the threshold
