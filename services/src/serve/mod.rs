@@ -225,10 +225,13 @@ async fn read(
         Ok(snap) => snap,
         Err(reason) => return Ok(Err(reason)),
     };
-    // A parked key (its objects all immutable, no upstream watch) hears of a deletion or
-    // re-creation only when next verified: a deleted credential must not stay readable, so
-    // the key is proven as new as the upstream before it answers, and read again.
-    if !parks(state, &held.key, &snap) {
+    // A deleted credential must not stay readable. A parked key (its objects all
+    // immutable, no upstream watch) hears of a deletion or re-creation only when next
+    // verified; a watching key hears of it a moment after a watch of the API server's own
+    // does (its events travel one more hop). A Secret's key, and a parked key, is proven as
+    // new as the upstream before it answers (one batched probe per key however many read
+    // at once), and read again.
+    if !parks(state, &held.key, &snap) && !holds_credentials(&held.key) {
         return Ok(Ok((held.key, snap)));
     }
     if let Err(e) = state.fresh.prove(&held.key, &held.addr).await {
@@ -238,6 +241,11 @@ async fn read(
     Ok(snapshot(&held.addr, min_rv)
         .await?
         .map(|snap| (held.key, snap)))
+}
+
+/// Whether `key` holds Secrets: reads of them are proven fresh (`read`).
+fn holds_credentials(key: &Key) -> bool {
+    key.resource.group.is_empty() && key.resource.resource == "secrets"
 }
 
 /// Whether `key` holding `snap` parks (`Key::parks`) in this configuration: it may not
