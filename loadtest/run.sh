@@ -5,7 +5,7 @@
 # <results>/<scenario>-<date>.json plus <scenario>-<date>-latency-cdf.png and -rss.png,
 # and stops everything it started.
 #
-#   loadtest/run.sh [--scenario kubelet|informer|slow|scale|objects|kubeproxy|restart|coalesce] [other kcache-bench flags]
+#   loadtest/run.sh [--scenario kubelet|informer|slow|flood|scale|objects|kubeproxy|restart|coalesce] [other kcache-bench flags]
 #   loadtest/run.sh --scenario kubelet --nodes 10 --watches-per-node 49   # a small run
 #
 # The standard benchmark (scenarios 1-3) and scenario 4: loadtest/standard.sh. The

@@ -15,6 +15,9 @@ pub enum ScenarioKind {
     Informer,
     /// Slow consumers (watches never read) mixed with normal, measured clients.
     Slow,
+    /// One flooding client (another user, listing back to back) beside normal watches and
+    /// readers.
+    Flood,
     /// Many single-object watches on one replica (50,000 by default).
     Scale,
     /// RSS per cached object and whole-namespace lists of many ConfigMaps (100,000).
@@ -46,6 +49,7 @@ impl ScenarioKind {
             ScenarioKind::Kubelet => "kubelet",
             ScenarioKind::Informer => "informer",
             ScenarioKind::Slow => "slow",
+            ScenarioKind::Flood => "flood",
             ScenarioKind::Scale => "scale",
             ScenarioKind::Objects => "objects",
             ScenarioKind::Kubeproxy => "kubeproxy",
@@ -207,7 +211,20 @@ pub struct Args {
     /// never read their response body).
     #[arg(long, default_value_t = 0.1)]
     pub slow_fraction: f64,
-    /// slow: data bytes per ConfigMap (bigger events fill a stalled stream sooner).
+    /// flood: normal readers, each reading one ConfigMap at resourceVersion 0 every 100 ms.
+    #[arg(long, default_value_t = 20)]
+    pub flood_readers: usize,
+    /// flood: the flooding client's concurrent list loops.
+    #[arg(long, default_value_t = 64)]
+    pub flood_concurrency: usize,
+    /// flood: the flooding client's bearer token (another user than `--token`'s).
+    #[arg(long, default_value = "viewertoken")]
+    pub flood_token: String,
+    /// flood: the user `--flood-token` authenticates as (bound to the `view` role in the
+    /// scenario's namespace).
+    #[arg(long, default_value = "viewer")]
+    pub flood_user: String,
+    /// slow, flood: data bytes per ConfigMap (bigger events fill a stalled stream sooner).
     #[arg(long, default_value_t = 4096)]
     pub payload_bytes: usize,
     /// scale: at most this many watches against the API server directly (it holds about

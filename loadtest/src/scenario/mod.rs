@@ -10,6 +10,7 @@
 //! and relist as client-go's reflector does and whose API server changes pid mid-run.
 
 pub mod coalesce;
+pub mod flood;
 pub mod informer;
 pub mod kubelet;
 pub mod kubeproxy;
@@ -588,6 +589,7 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         crate::cli::ScenarioKind::Kubelet => kubelet::run(ctx).await,
         crate::cli::ScenarioKind::Informer => informer::run(ctx).await,
         crate::cli::ScenarioKind::Slow => slow::run(ctx).await,
+        crate::cli::ScenarioKind::Flood => flood::run(ctx).await,
         crate::cli::ScenarioKind::Scale => scale::run(ctx).await,
         crate::cli::ScenarioKind::Objects => objects::run(ctx).await,
         crate::cli::ScenarioKind::Kubeproxy => kubeproxy::run(ctx).await,
