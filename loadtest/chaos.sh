@@ -126,9 +126,12 @@ done
 
 # --- kcache: three release replicas -----------------------------------------------------
 head -c 32 /dev/urandom | base64 >"$dir/nats-key"
+head -c 32 /dev/urandom | base64 >"$dir/nats-signing-key"
 cat >"$dir/kcache.toml" <<EOF
 [nats]
 token_file = "$dir/nats-token"
+# Mirrors act only on messages a replica signed.
+signing_key_file = "$dir/nats-signing-key"
 encryption_active_key = "k1"
 # The lease stream has a copy on every node: a NATS node's death loses no lease.
 lease_replicas = 3

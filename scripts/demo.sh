@@ -70,11 +70,13 @@ if ((replicas > 1)); then
   echo "==> starting nats-server (JetStream) on 127.0.0.1:$nats_port"
   head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$KUBE_DIR/nats-token"
   head -c 32 /dev/urandom | base64 >"$KUBE_DIR/nats-key-k1"
+  # The fleet's signing key: mirrors act only on what a replica signed.
+  head -c 32 /dev/urandom | base64 >"$KUBE_DIR/nats-signing-key"
   nats-server -a 127.0.0.1 -p "$nats_port" -js -sd "$KUBE_DIR/nats" \
     --auth "$(cat "$KUBE_DIR/nats-token")" >"$KUBE_DIR/nats.log" 2>&1 &
   pids+=($!)
-  printf '[nats]\ntoken_file = "%s"\nencryption_active_key = "k1"\n\n[[nats.encryption_keys]]\nid = "k1"\nfile = "%s"\n' \
-    "$KUBE_DIR/nats-token" "$KUBE_DIR/nats-key-k1" >"$KUBE_DIR/kcache.toml"
+  printf '[nats]\ntoken_file = "%s"\nsigning_key_file = "%s"\nencryption_active_key = "k1"\n\n[[nats.encryption_keys]]\nid = "k1"\nfile = "%s"\n' \
+    "$KUBE_DIR/nats-token" "$KUBE_DIR/nats-signing-key" "$KUBE_DIR/nats-key-k1" >"$KUBE_DIR/kcache.toml"
   fleet_args=(--config "$KUBE_DIR/kcache.toml" --nats "nats://127.0.0.1:$nats_port")
 fi
 

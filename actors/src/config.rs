@@ -204,6 +204,14 @@ pub struct NatsConfig {
     pub encryption_keys: Vec<EncryptionKey>,
     /// The key id new messages are sealed with; the others only open old messages.
     pub encryption_active_key: Option<String>,
+    /// The fleet's signing key: a file with a 32-byte Ed25519 seed, base64-encoded, held
+    /// by replicas only (`core::sign`). Set, every message a replica publishes on a key's
+    /// subjects is signed, and a mirror acts only on messages signed by this key (or one
+    /// of `verify_key_files`): no NATS user without it can inject or alter an event.
+    pub signing_key_file: Option<String>,
+    /// More public keys (32 bytes, base64) whose signatures are accepted: the next key
+    /// during a rotation. `kcache nats-public-key FILE` prints a signing key's.
+    pub verify_key_files: Vec<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -245,6 +253,8 @@ impl Default for NatsConfig {
             encrypt_resources: vec!["secrets".into()],
             encryption_keys: Vec::new(),
             encryption_active_key: None,
+            signing_key_file: None,
+            verify_key_files: Vec::new(),
         }
     }
 }

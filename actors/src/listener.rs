@@ -13,6 +13,7 @@ use bytes::Bytes;
 
 use crate::core::event::StoreEvent;
 use crate::core::seal::Keyring;
+use crate::core::sign::Signer;
 use crate::core::wire::{self, Frame, Kind};
 use crate::metrics as m;
 
@@ -34,6 +35,8 @@ pub struct Outlet {
     pub owner: String,
     pub epoch: u64,
     pub keyring: Option<Arc<Keyring>>,
+    /// The fleet's signing key: every message is signed when set (`core::sign`).
+    pub signer: Option<Arc<Signer>>,
     pub chunk_max: usize,
 }
 
@@ -67,6 +70,11 @@ impl Outlet {
             }
             None => body,
         };
+        // Over what a mirror checks: the headers it trusts and the body as sent.
+        let signature = self
+            .signer
+            .as_ref()
+            .map(|s| s.sign(&[&frame.associated_data(&self.token), &body]));
         let parts = wire::split(body, self.chunk_max);
         let total = parts.len() as u32;
         for (i, part) in parts.into_iter().enumerate() {
@@ -74,6 +82,9 @@ impl Outlet {
             let mut headers = async_nats::HeaderMap::new();
             for (name, value) in frame.headers() {
                 headers.insert(name, value.as_str());
+            }
+            if let Some(sig) = &signature {
+                headers.insert(wire::H_SIGNATURE, sig.as_str());
             }
             self.client
                 .publish_with_headers(subject.to_string(), headers, part)

@@ -199,7 +199,13 @@ pub const OWNERSHIP_CHANGES: [&str; 5] =
 pub const RESYNC_REASONS: [&str; 4] = ["start", "gap", "new-owner", "retry"];
 /// Every `reason` label of [`FLEET_REJECTED`] (`fleet::codec`, `fleet::key_task`,
 /// `fleet::presence`).
-pub const REJECTED_REASONS: [&str; 3] = ["unauthenticated", "plaintext", "reply-subject"];
+pub const REJECTED_REASONS: [&str; 5] = [
+    "unauthenticated",
+    "plaintext",
+    "reply-subject",
+    "unsigned",
+    "forged",
+];
 
 /// Describes the fan-out metrics (only registered when kcache runs with `--nats`: a
 /// replica outside a fleet exports none, so `kcache_nats_connected == 0` never fires for
@@ -276,7 +282,7 @@ pub fn describe_fleet() {
     );
     describe_counter!(
         FLEET_REJECTED,
-        "NATS messages refused, by reason: a seal that does not authenticate its headers and body (unauthenticated), plaintext for a sealed resource (plaintext), a request whose reply subject is outside kcache's reply space (reply-subject)."
+        "NATS messages refused, by reason: a seal that does not authenticate its headers and body (unauthenticated), plaintext for a sealed resource (plaintext), a request whose reply subject is outside kcache's reply space (reply-subject), a message without a signature (unsigned) or with one that does not verify (forged) where the fleet signs (nats.signing_key_file)."
     );
     describe_counter!(
         FLEET_PEERS_GONE,

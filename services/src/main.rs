@@ -38,6 +38,10 @@ enum Command {
     },
     /// Print the kcache(1) man page (roff) to stdout.
     Man,
+    /// Print the public key (base64) of a fleet signing key file (`nats.signing_key_file`:
+    /// a 32-byte seed, base64, e.g. `head -c 32 /dev/urandom | base64`), for the
+    /// `nats.verify_key_files` of a rotation or for NATS subscribers that verify events.
+    NatsPublicKey { file: std::path::PathBuf },
     /// Wait, then exit: a container `preStop` hook, so that endpoints stop sending new
     /// connections before SIGTERM starts the shutdown (the image has no shell or `sleep`).
     PreStop {
@@ -121,6 +125,23 @@ fn main() -> std::process::ExitCode {
         Command::PreStop { delay_seconds } => {
             std::thread::sleep(std::time::Duration::from_secs(delay_seconds.min(3600)));
             return std::process::ExitCode::SUCCESS;
+        }
+        Command::NatsPublicKey { file } => {
+            use base64::Engine;
+            let b64 = base64::engine::general_purpose::STANDARD;
+            let seed = std::fs::read_to_string(&file)
+                .map_err(|e| e.to_string())
+                .and_then(|t| b64.decode(t.trim()).map_err(|e| e.to_string()))
+                .and_then(|s| {
+                    kcache_actors::core::sign::Signer::from_seed(&s).map_err(|e| e.to_string())
+                });
+            return match seed {
+                Ok(signer) => print(format!("{}\n", b64.encode(signer.public_key())).as_bytes()),
+                Err(e) => {
+                    eprintln!("kcache: {}: {e}", file.display());
+                    std::process::ExitCode::FAILURE
+                }
+            };
         }
         Command::Man => {
             let mut out = Vec::new();

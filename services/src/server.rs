@@ -135,6 +135,10 @@ pub async fn run(
     let fleet = match &cfg.nats.url {
         Some(url) => {
             let keyring = fleet::load_keyring(&cfg.nats)?;
+            let signing = fleet::load_signing(&cfg.nats)?;
+            if signing.is_none() {
+                tracing::warn!("NATS messages are not signed (nats.signing_key_file unset): anyone who may publish on kcache's subjects can inject events into mirrors");
+            }
             let nats = fleet::connect(&cfg.nats, url, &replica).await?;
             tracing::info!(%url, %replica, "joining the fleet over NATS");
             Some(Fleet::new(
@@ -142,6 +146,7 @@ pub async fn run(
                 Arc::new(cfg.nats.clone()),
                 replica.clone(),
                 keyring,
+                signing,
                 upstream.clone(),
                 upstream_health.clone(),
             ))

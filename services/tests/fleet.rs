@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use serde_json::{json, Value};
@@ -592,4 +593,116 @@ async fn a_paused_owner_is_fenced_off() {
     writes.await.expect("writes");
     random_ops(&upstream, 30, Duration::ZERO).await;
     converge(&[("b", &judge_b, true), ("c", &judge_c, false)], &upstream).await;
+}
+
+/// A publisher without the fleet's signing key (a NATS user allowed to publish on the
+/// key's subject: a misconfigured account) forges events onto a mirrored key — unsigned,
+/// signed with a key of its own, and a replica's signature over another body. The mirror
+/// acts on none of them: they are refused and counted, its clients never see the forged
+/// objects, and it keeps following the owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_acts_only_on_messages_its_fleet_signed() {
+    use kcache_actors::core::sign::Signer;
+    use kcache_actors::core::wire::{Frame, Kind, H_SIGNATURE};
+
+    let cluster = TestCluster::start().await;
+    let nats = Nats::start(cluster.dir_path());
+    let (a, b, judge_b, _hold) = owner_a_judge_on_b(&cluster, &nats, "hostile", "").await;
+    let key = "/api/v1/namespaces/hostile/configmaps";
+    let token = "_.v1.configmaps.hostile.all._";
+    let info = b.key_info(key).await.expect("b's key");
+    let (epoch, seq) = (
+        info["epoch"].as_u64().unwrap_or(0),
+        info["seq"].as_u64().unwrap_or(0),
+    );
+    assert!(epoch > 0, "{info}");
+    let rejected = |reason: &'static str| {
+        let b = &b;
+        async move {
+            support::kcache::sum_samples(
+                &b.metrics_text().await,
+                "kcache_fleet_rejected_messages_total",
+                Some(&format!("reason=\"{reason}\"")),
+            )
+        }
+    };
+    let (unsigned_before, forged_before) = (rejected("unsigned").await, rejected("forged").await);
+
+    let hostile = nats.client().await;
+    let stranger = Signer::from_seed(&[9; 32]).expect("seed");
+    use base64::Engine;
+    let fleet_seed = base64::engine::general_purpose::STANDARD
+        .decode(support::nats::SIGNING_SEED)
+        .expect("seed");
+    let fleet_key = Signer::from_seed(&fleet_seed).expect("seed");
+    let forged = |name: &str| {
+        Bytes::from(format!(
+            "{}\n",
+            json!({"type": "ADDED", "object": {"kind": "ConfigMap", "apiVersion": "v1",
+                "metadata": {"name": name, "namespace": "hostile", "uid": name,
+                             "resourceVersion": "999999999"},
+                "data": {"injected": "yes"}}})
+        ))
+    };
+    for (i, name) in ["forged-unsigned", "forged-stranger", "forged-swapped"]
+        .into_iter()
+        .enumerate()
+    {
+        let frame = Frame {
+            kind: Kind::Event,
+            epoch,
+            seq: seq + 1 + i as u64,
+            rv: 999_999_999,
+            owner: "a".into(),
+            chunk: None,
+            key_id: None,
+        };
+        let body = forged(name);
+        let ad = frame.associated_data(token);
+        let signature = match name {
+            "forged-unsigned" => None,
+            "forged-stranger" => Some(stranger.sign(&[&ad, &body])),
+            // The fleet's own key, over another body than the one sent.
+            _ => Some(fleet_key.sign(&[&ad, b"{}\n"])),
+        };
+        let mut headers = async_nats::HeaderMap::new();
+        for (n, v) in frame.headers() {
+            headers.insert(n, v.as_str());
+        }
+        if let Some(sig) = &signature {
+            headers.insert(H_SIGNATURE, sig.as_str());
+        }
+        hostile
+            .publish_with_headers(format!("kcache.ev.{token}"), headers, body)
+            .await
+            .expect("publish");
+    }
+    hostile.flush().await.expect("flush");
+    eventually(
+        "the mirror refused the three forged events",
+        Duration::from_secs(20),
+        || async {
+            rejected("unsigned").await > unsigned_before
+                && rejected("forged").await >= forged_before + 2.0
+        },
+    )
+    .await;
+    // The owner's events keep coming, and the mirror's clients see exactly the API
+    // server's objects.
+    let admin = cluster.kube_client().await;
+    let upstream: kube::Api<ConfigMap> = kube::Api::namespaced(admin, "hostile");
+    random_ops(&upstream, 30, Duration::from_millis(20)).await;
+    converge(&[("b", &judge_b, false)], &upstream).await;
+    let (code, list) = support::http::Http::new(&b.url)
+        .get_admin("/api/v1/namespaces/hostile/configmaps?resourceVersion=0")
+        .await;
+    assert_eq!(code, 200, "{list}");
+    let injected: Vec<&Value> = list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|i| i["data"]["injected"] == "yes")
+        .collect();
+    assert!(injected.is_empty(), "forged objects served: {injected:?}");
+    assert_eq!(a.role(key).await, "owner");
 }

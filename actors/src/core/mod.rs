@@ -27,6 +27,7 @@ pub mod role;
 pub mod rv;
 pub mod seal;
 pub mod selector;
+pub mod sign;
 pub mod store;
 pub mod subject;
 pub mod upstream;

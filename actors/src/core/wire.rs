@@ -21,6 +21,9 @@ pub const H_RV: &str = "Kcache-Rv";
 pub const H_OWNER: &str = "Kcache-Owner";
 pub const H_CHUNK: &str = "Kcache-Chunk";
 pub const H_KEY_ID: &str = "Kcache-Key-Id";
+/// `<key id>.<base64 Ed25519 signature>` over the associated data and the whole body
+/// (`core::sign`), on every chunk of a signed message.
+pub const H_SIGNATURE: &str = "Kcache-Signature";
 
 /// The largest event a mirror reassembles. An event is one object, and Kubernetes bounds
 /// objects, not keys: etcd refuses a write above `--max-request-bytes` (1.5 MiB by

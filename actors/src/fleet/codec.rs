@@ -11,6 +11,7 @@ use thiserror::Error;
 use crate::core::event::StoreEvent;
 use crate::core::object;
 use crate::core::seal::Keyring;
+use crate::core::sign::{self, Verifier};
 use crate::core::wire::{self, Frame, Reassembler};
 use crate::feed::OwnerSnapshot;
 use crate::metrics as m;
@@ -27,6 +28,8 @@ pub enum Error {
     Plaintext,
     #[error("sealed message does not authenticate (wrong key, or its headers or body were changed): {0}")]
     Unauthenticated(crate::core::seal::Error),
+    #[error("message not signed by a replica of this fleet: {0}")]
+    Signature(sign::Error),
 }
 
 impl Error {
@@ -38,6 +41,12 @@ impl Error {
             }
             Error::Unauthenticated(_) | Error::NoKeys(_) => {
                 metrics::counter!(m::FLEET_REJECTED, "reason" => "unauthenticated").increment(1)
+            }
+            Error::Signature(sign::Error::Unsigned) => {
+                metrics::counter!(m::FLEET_REJECTED, "reason" => "unsigned").increment(1)
+            }
+            Error::Signature(_) => {
+                metrics::counter!(m::FLEET_REJECTED, "reason" => "forged").increment(1)
             }
             Error::Wire(wire::Error::TooLarge { .. }) => {
                 metrics::counter!(m::FLEET_OVERSIZED).increment(1)
@@ -61,6 +70,9 @@ pub struct Opener {
     pub token: String,
     /// Set when the key's resource is sealed: then every message must be sealed.
     pub keyring: Option<Arc<Keyring>>,
+    /// Set when the fleet signs (`nats.signing_key_file`): then every message must carry
+    /// a signature of one of these keys.
+    pub verifier: Option<Arc<Verifier>>,
 }
 
 impl Opener {
@@ -76,6 +88,16 @@ impl Opener {
         let Some(body) = parts.feed(frame, msg.payload.clone())? else {
             return Ok(None);
         };
+        if let Some(verifier) = &self.verifier {
+            let signature = msg
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(wire::H_SIGNATURE))
+                .map(|v| v.as_str());
+            verifier
+                .verify(signature, &[&frame.associated_data(&self.token), &body])
+                .map_err(Error::Signature)?;
+        }
         match (&frame.key_id, &self.keyring) {
             (Some(id), Some(ring)) => ring
                 .open(id, &body, &frame.associated_data(&self.token))
@@ -179,6 +201,7 @@ mod tests {
         let opener = Opener {
             token: "t".into(),
             keyring: Some(ring()),
+            verifier: None,
         };
         let f = heartbeat();
         let body = sealed(&f, "t", b"");
@@ -217,6 +240,7 @@ mod tests {
         let other = Opener {
             token: "u".into(),
             keyring: Some(ring()),
+            verifier: None,
         };
         assert!(matches!(
             other.body(&f, &message(&f, body), &mut parts),
@@ -229,6 +253,7 @@ mod tests {
         let opener = Opener {
             token: "t".into(),
             keyring: Some(ring()),
+            verifier: None,
         };
         let f = Frame {
             key_id: None,
@@ -242,6 +267,7 @@ mod tests {
         let plain = Opener {
             token: "t".into(),
             keyring: None,
+            verifier: None,
         };
         assert_eq!(
             plain
@@ -254,6 +280,75 @@ mod tests {
             plain.body(&claimed, &message(&claimed, b"x".to_vec()), &mut parts),
             Err(Error::NoKeys(_))
         ));
+    }
+
+    /// Where the fleet signs, a mirror opens only what a holder of the signing key sent,
+    /// unchanged: an unsealed kind (a Pod event) forged by any other publisher is refused.
+    #[test]
+    fn a_signing_fleet_opens_only_what_its_replicas_signed() {
+        use crate::core::sign::Signer;
+        let replica = Signer::from_seed(&[1; 32]).expect("seed");
+        let stranger = Signer::from_seed(&[2; 32]).expect("seed");
+        let opener = Opener {
+            token: "t".into(),
+            keyring: None,
+            verifier: Some(Arc::new(
+                Verifier::new(vec![replica.public_key().to_vec()]).expect("verifier"),
+            )),
+        };
+        let f = Frame {
+            kind: Kind::Event,
+            key_id: None,
+            ..heartbeat()
+        };
+        let body = b"{\"type\":\"ADDED\",\"object\":{}}\n".to_vec();
+        let signed = |s: &Signer, frame: &Frame, body: &[u8]| {
+            let mut m = message(frame, body.to_vec());
+            let sig = s.sign(&[&frame.associated_data("t"), body]);
+            if let Some(h) = m.headers.as_mut() {
+                h.insert(wire::H_SIGNATURE, sig.as_str());
+            }
+            m
+        };
+        let mut parts = Reassembler::new(1 << 20);
+        assert_eq!(
+            opener
+                .body(&f, &signed(&replica, &f, &body), &mut parts)
+                .expect("signed by a replica"),
+            Some(Bytes::from(body.clone()))
+        );
+        let refused = |m: Message, frame: &Frame, parts: &mut Reassembler| match opener
+            .body(frame, &m, parts)
+        {
+            Err(Error::Signature(e)) => e,
+            other => panic!("not refused: {other:?}"),
+        };
+        assert_eq!(
+            refused(message(&f, body.clone()), &f, &mut parts),
+            sign::Error::Unsigned
+        );
+        assert!(matches!(
+            refused(signed(&stranger, &f, &body), &f, &mut parts),
+            sign::Error::UnknownKey(_)
+        ));
+        // A replica's signature on another body, or with a header changed on the way.
+        let other_body = signed(&replica, &f, b"{}\n");
+        let mut swapped = signed(&replica, &f, &body);
+        swapped.headers = other_body.headers.clone();
+        assert_eq!(refused(swapped, &f, &mut parts), sign::Error::Forged);
+        let later = Frame {
+            seq: 11,
+            ..f.clone()
+        };
+        let mut moved = signed(&replica, &f, &body);
+        moved.headers = message(&later, Vec::new()).headers;
+        if let (Some(h), Some(orig)) = (moved.headers.as_mut(), signed(&replica, &f, &body).headers)
+        {
+            if let Some(sig) = orig.get(wire::H_SIGNATURE) {
+                h.insert(wire::H_SIGNATURE, sig.as_str());
+            }
+        }
+        assert_eq!(refused(moved, &later, &mut parts), sign::Error::Forged);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use thiserror::Error;
 
 use crate::config::NatsConfig;
 use crate::core::seal::{self, Keyring};
+use crate::core::sign::{self, Signer, Verifier};
 use crate::metrics as m;
 
 #[derive(Debug, Error)]
@@ -30,6 +31,10 @@ pub enum Error {
     },
     #[error(transparent)]
     Keyring(#[from] seal::Error),
+    #[error(transparent)]
+    Signing(#[from] sign::Error),
+    #[error("nats.verify_key_files without nats.signing_key_file: a replica that owns a key must sign what it publishes")]
+    VerifyWithoutSigning,
     #[error("with --nats, objects of {0:?} are sealed on NATS: set [nats] encryption_keys and encryption_active_key (or remove it from encrypt_resources)")]
     NoEncryptionKey(String),
     #[error("[nats] {name} = {value:?} is not a NATS subject prefix (dot-separated tokens, no wildcards or whitespace)")]
@@ -216,6 +221,42 @@ pub fn load_keyring(cfg: &NatsConfig) -> Result<Option<Arc<Keyring>>> {
         .clone()
         .unwrap_or_else(|| cfg.encryption_keys[0].id.clone());
     Ok(Some(Arc::new(Keyring::new(keys, &active)?)))
+}
+
+/// A file's base64 content, decoded.
+fn read_base64(what: &'static str, path: &str) -> Result<Vec<u8>> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::File {
+        what,
+        path: path.to_string(),
+        source,
+    })?;
+    base64::engine::general_purpose::STANDARD
+        .decode(text.trim())
+        .map_err(|source| Error::KeyEncoding {
+            id: what.to_string(),
+            path: path.to_string(),
+            source,
+        })
+}
+
+/// The fleet's signing key and the public keys a mirror accepts (`[nats]
+/// signing_key_file`, `verify_key_files`); none when the fleet does not sign. Public keys
+/// without a signing key are an error: a replica that owns a key must sign what it
+/// publishes for mirrors that verify.
+pub fn load_signing(cfg: &NatsConfig) -> Result<Option<(Arc<Signer>, Arc<Verifier>)>> {
+    let Some(file) = &cfg.signing_key_file else {
+        if !cfg.verify_key_files.is_empty() {
+            return Err(Error::VerifyWithoutSigning);
+        }
+        return Ok(None);
+    };
+    let signer = Signer::from_seed(&read_base64("signing key file", file)?)?;
+    let mut public = vec![signer.public_key().to_vec()];
+    for f in &cfg.verify_key_files {
+        public.push(read_base64("verify key file", f)?);
+    }
+    let verifier = Verifier::new(public)?;
+    Ok(Some((Arc::new(signer), Arc::new(verifier))))
 }
 
 /// Dot-separated non-empty tokens without wildcards or whitespace.

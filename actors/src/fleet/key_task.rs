@@ -285,6 +285,7 @@ impl KeyTask {
             owner: fleet.replica.clone(),
             epoch,
             keyring: self.opener.keyring.clone(),
+            signer: fleet.signer(),
             chunk_max: fleet.chunk_max(),
         };
         let listener = Listener::new(outlet.clone(), fleet.cfg.listener_buffer).start();

@@ -37,13 +37,14 @@ use crate::core::key::Key;
 use crate::core::mirror::Mirror;
 use crate::core::role::{RoleMachine, Timing};
 use crate::core::seal::Keyring;
+use crate::core::sign::{Signer, Verifier};
 use crate::core::subject::{key_token, Subjects};
 use crate::feed::{KeyStatus, SourceFactory, SourceHandle, SourceMsg, TakeSnapshot};
 use crate::health::UpstreamHealth;
 use crate::metrics as m;
 use crate::source::UpstreamSource;
 
-pub use conn::{connect, load_keyring, Error, Result};
+pub use conn::{connect, load_keyring, load_signing, Error, Result};
 
 /// What every key's fleet source shares: the connection, the lease client, peers'
 /// presence, and the upstream it reads as owner or local.
@@ -53,6 +54,8 @@ pub struct Fleet {
     replica: String,
     subjects: Subjects,
     keyring: Option<Arc<Keyring>>,
+    /// The fleet's signing key and accepted public keys, when it signs (`core::sign`).
+    signing: Option<(Arc<Signer>, Arc<Verifier>)>,
     leases: leases::Leases,
     upstream: Arc<UpstreamSource>,
     /// The replica's view of the fleet, renewed every [`TICK`]; its renewal is every key
@@ -112,6 +115,7 @@ impl Fleet {
         cfg: Arc<NatsConfig>,
         replica: String,
         keyring: Option<Arc<Keyring>>,
+        signing: Option<(Arc<Signer>, Arc<Verifier>)>,
         upstream: Arc<UpstreamSource>,
         health: Arc<UpstreamHealth>,
     ) -> Arc<Self> {
@@ -134,6 +138,7 @@ impl Fleet {
             cfg,
             replica,
             keyring,
+            signing,
             upstream,
             view,
             started: Instant::now(),
@@ -198,6 +203,10 @@ impl Fleet {
         max.saturating_sub(8 * 1024).max(1024)
     }
 
+    fn signer(&self) -> Option<Arc<Signer>> {
+        self.signing.as_ref().map(|(s, _)| s.clone())
+    }
+
     fn keyring_for(&self, key: &Key) -> Option<Arc<Keyring>> {
         self.cfg
             .encrypt_resources
@@ -227,6 +236,7 @@ impl SourceFactory for FleetSource {
             opener: codec::Opener {
                 token: token.clone(),
                 keyring: fleet.keyring_for(key),
+                verifier: fleet.signing.as_ref().map(|(_, v)| v.clone()),
             },
             token,
             role: RoleMachine::new(fleet.timing()),

@@ -119,12 +119,19 @@ pub fn token_replica_toml(dir: &Path, url: &str, extra_nats: &str) -> String {
     )
 }
 
+/// The fleet's signing key in tests: a fixed 32-byte seed, base64 (every replica of a fleet
+/// shares it; `core::sign`).
+pub const SIGNING_SEED: &str = "a2NhY2hlLXRlc3Qtc2lnbmluZy1zZWVkLTMyLWJ5dGU=";
+
 /// `[cache]` and `[nats]` TOML for a replica pointed at `url` with `nats_lines` (auth and
-/// anything else of `[nats]`) and the fleet's shared sealing key, written into `dir`.
+/// anything else of `[nats]`), the fleet's shared sealing key and its signing key, written
+/// into `dir`.
 pub fn replica_toml(dir: &Path, url: &str, nats_lines: &str) -> String {
     let key = dir.join("nats-key-k1");
     // 32 bytes, base64: a fixed test key (every replica of the fleet must share it).
     std::fs::write(&key, "a2NhY2hlLXRlc3Qta2V5LTMyLWJ5dGVzLWxvbmchISE=\n").expect("key file");
+    let signing = dir.join("nats-signing-key");
+    std::fs::write(&signing, format!("{SIGNING_SEED}\n")).expect("signing key file");
     format!(
         r#"[cache]
 grace_period_secs = 5
@@ -133,6 +140,7 @@ watch_keepalive_secs = 1
 [nats]
 url = "{url}"
 encryption_active_key = "k1"
+signing_key_file = "{signing}"
 {nats_lines}
 
 [[nats.encryption_keys]]
@@ -140,5 +148,6 @@ id = "k1"
 file = "{key}"
 "#,
         key = key.display(),
+        signing = signing.display(),
     )
 }
