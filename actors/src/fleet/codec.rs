@@ -110,6 +110,61 @@ impl Opener {
     }
 }
 
+/// What a control message's signature covers (interest gossip, presence beacons): its
+/// subject, which names the replica it speaks for, and its body, domain-separated from a
+/// key's messages.
+fn control_signed(subject: &str, body: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(24 + subject.len() + body.len());
+    m.extend_from_slice(b"kcache-control-v1");
+    m.extend_from_slice(&(subject.len() as u32).to_be_bytes());
+    m.extend_from_slice(subject.as_bytes());
+    m.extend_from_slice(body);
+    m
+}
+
+/// Headers signing a control message on `subject` (none when the fleet does not sign).
+pub fn control_headers(
+    signer: Option<&sign::Signer>,
+    subject: &str,
+    body: &[u8],
+) -> Option<async_nats::HeaderMap> {
+    let signer = signer?;
+    let mut h = async_nats::HeaderMap::new();
+    h.insert(
+        wire::H_SIGNATURE,
+        signer.sign(&[&control_signed(subject, body)]).as_str(),
+    );
+    Some(h)
+}
+
+/// Whether a control message may be acted on: always when the fleet does not sign, else
+/// only with a signature of one of its keys; a refusal is counted.
+pub fn control_verified(verifier: Option<&Verifier>, msg: &Message) -> bool {
+    let Some(verifier) = verifier else {
+        return true;
+    };
+    let signature = msg
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(wire::H_SIGNATURE))
+        .map(|v| v.as_str());
+    match verifier.verify(
+        signature,
+        &[&control_signed(msg.subject.as_str(), &msg.payload)],
+    ) {
+        Ok(()) => true,
+        Err(e) => {
+            let reason = if e == sign::Error::Unsigned {
+                "unsigned"
+            } else {
+                "forged"
+            };
+            metrics::counter!(m::FLEET_REJECTED, "reason" => reason).increment(1);
+            false
+        }
+    }
+}
+
 /// A snapshot request's body: `{"sinceRv": N}` or `{}`.
 pub fn since_of(payload: &[u8]) -> Option<u64> {
     #[derive(Deserialize)]
@@ -349,6 +404,47 @@ mod tests {
             }
         }
         assert_eq!(refused(moved, &later, &mut parts), sign::Error::Forged);
+    }
+
+    /// Interest and presence are heard only when a replica of the fleet signed them for
+    /// the subject they came on (a beacon replayed as another replica's does not verify).
+    #[test]
+    fn control_messages_verify_for_their_own_subject() {
+        use crate::core::sign::Signer;
+        let replica = Signer::from_seed(&[1; 32]).expect("seed");
+        let verifier = Verifier::new(vec![replica.public_key().to_vec()]).expect("verifier");
+        let msg = |subject: &str, headers: Option<async_nats::HeaderMap>| Message {
+            subject: subject.into(),
+            reply: None,
+            payload: Bytes::from_static(b"{\"upstreamOk\":true}"),
+            headers,
+            status: None,
+            description: None,
+            length: 0,
+        };
+        let body = b"{\"upstreamOk\":true}";
+        let signed = control_headers(Some(&replica), "kcache.alive.a", body);
+        assert!(control_verified(
+            Some(&verifier),
+            &msg("kcache.alive.a", signed.clone())
+        ));
+        assert!(!control_verified(
+            Some(&verifier),
+            &msg("kcache.alive.b", signed)
+        ));
+        assert!(!control_verified(
+            Some(&verifier),
+            &msg("kcache.alive.a", None)
+        ));
+        let stranger = Signer::from_seed(&[2; 32]).expect("seed");
+        let forged = control_headers(Some(&stranger), "kcache.alive.a", body);
+        assert!(!control_verified(
+            Some(&verifier),
+            &msg("kcache.alive.a", forged)
+        ));
+        // A fleet that does not sign hears everything, as before.
+        assert!(control_headers(None, "kcache.alive.a", body).is_none());
+        assert!(control_verified(None, &msg("kcache.alive.a", None)));
     }
 
     #[test]

@@ -9,6 +9,10 @@ use async_nats::Client;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
+use std::sync::Arc;
+
+use super::codec;
+use crate::core::sign::{Signer, Verifier};
 use crate::core::subject::Subjects;
 use crate::metrics as m;
 
@@ -38,14 +42,23 @@ pub struct Gossip {
     client: Client,
     subjects: Subjects,
     replica: String,
+    /// Where the fleet signs: interest is signed, and only signed interest is heard (a
+    /// forged refcount would keep a key's upstream watch alive).
+    signing: Option<(Arc<Signer>, Arc<Verifier>)>,
 }
 
 impl Gossip {
-    pub fn new(client: Client, subjects: Subjects, replica: String) -> Self {
+    pub fn new(
+        client: Client,
+        subjects: Subjects,
+        replica: String,
+        signing: Option<(Arc<Signer>, Arc<Verifier>)>,
+    ) -> Self {
         Gossip {
             client,
             subjects,
             replica,
+            signing,
         }
     }
 
@@ -69,7 +82,16 @@ impl Gossip {
                 continue;
             };
             let subject = self.subjects.interest(&self.replica);
-            if self.client.publish(subject, body.into()).await.is_ok() {
+            let signer = self.signing.as_ref().map(|(s, _)| &**s);
+            let sent = match codec::control_headers(signer, &subject, &body) {
+                Some(h) => {
+                    self.client
+                        .publish_with_headers(subject, h, body.into())
+                        .await
+                }
+                None => self.client.publish(subject, body.into()).await,
+            };
+            if sent.is_ok() {
                 metrics::counter!(m::NATS_OUT).increment(1);
             }
         }
@@ -90,6 +112,9 @@ impl Gossip {
             };
             while let Some(msg) = sub.next().await {
                 metrics::counter!(m::NATS_IN).increment(1);
+                if !codec::control_verified(me.signing.as_ref().map(|(_, v)| &**v), &msg) {
+                    continue;
+                }
                 let Ok(im) = serde_json::from_slice::<InterestMsg>(&msg.payload) else {
                     metrics::counter!(m::FLEET_BAD_MESSAGES).increment(1);
                     continue;

@@ -128,6 +128,7 @@ impl Fleet {
             &cfg.inbox_prefix,
             cfg.presence(),
             health.clone(),
+            signing.clone(),
         );
         let (view_tx, view) = watch::channel(View::read(&client, &presence, &health));
         tokio::spawn(renew_view(view_tx, client.clone(), presence, health));
@@ -163,6 +164,7 @@ impl Fleet {
             self.client.clone(),
             self.subjects.clone(),
             self.replica.clone(),
+            self.signing.clone(),
         )
     }
 

@@ -18,6 +18,8 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
+use super::codec;
+use crate::core::sign::{Signer, Verifier};
 use crate::core::subject::Subjects;
 use crate::health::UpstreamHealth;
 use crate::metrics as m;
@@ -46,6 +48,9 @@ pub struct Presence {
     period: Duration,
     health: Arc<UpstreamHealth>,
     peers: Mutex<HashMap<String, Peer>>,
+    /// Where the fleet signs: beacons are signed, and only signed ones heard (a forged
+    /// beacon would keep a dead peer "alive" or vouch for an upstream).
+    signing: Option<(Arc<Signer>, Arc<Verifier>)>,
 }
 
 /// A peer forgotten after this much silence (a replica scaled away).
@@ -59,6 +64,7 @@ impl Presence {
         inbox_prefix: &str,
         period: Duration,
         health: Arc<UpstreamHealth>,
+        signing: Option<(Arc<Signer>, Arc<Verifier>)>,
     ) -> Arc<Self> {
         let p = Arc::new(Presence {
             client,
@@ -68,6 +74,7 @@ impl Presence {
             period,
             health,
             peers: Mutex::new(HashMap::new()),
+            signing,
         });
         tokio::spawn(p.clone().beacon());
         tokio::spawn(p.clone().listen());
@@ -112,12 +119,20 @@ impl Presence {
             let Ok(body) = serde_json::to_vec(&beacon) else {
                 continue;
             };
-            if self
-                .client
-                .publish(subject.clone(), Bytes::from(body))
-                .await
-                .is_ok()
-            {
+            let signer = self.signing.as_ref().map(|(s, _)| &**s);
+            let sent = match codec::control_headers(signer, &subject, &body) {
+                Some(h) => {
+                    self.client
+                        .publish_with_headers(subject.clone(), h, Bytes::from(body))
+                        .await
+                }
+                None => {
+                    self.client
+                        .publish(subject.clone(), Bytes::from(body))
+                        .await
+                }
+            };
+            if sent.is_ok() {
                 metrics::counter!(m::NATS_OUT).increment(1);
             }
             self.probe_silent();
@@ -134,6 +149,9 @@ impl Presence {
                 continue;
             };
             if replica == self.replica {
+                continue;
+            }
+            if !codec::control_verified(self.signing.as_ref().map(|(_, v)| &**v), &msg) {
                 continue;
             }
             let Ok(beacon) = serde_json::from_slice::<Beacon>(&msg.payload) else {
