@@ -161,21 +161,29 @@ async fn serve_or_forward(
     // its authorizer.
     let seat = match &op {
         Ok(Op::Get { .. } | Op::List { .. } | Op::Watch(_)) => {
-            Some(state.fairness.seat(&user.username).await?)
+            Some(state.fairness.seat(&user.username).await)
         }
         Ok(Op::Forward(_)) | Err(_) => None,
     };
-    let decision = access::check(state, &user, &attrs).await;
-    let served = match (&decision, op) {
-        (Err(e), _) => Err(e.clone()),
-        (Ok(()), Err(e)) => Err(e),
-        (Ok(()), Ok(op)) => serve::serve(state, &user, &resource, op, format, seat).await,
+    // Refused a seat: no authorization decision (`None`), as the API server's.
+    let (decision, served) = match seat {
+        Some(Err(e)) => (None, Err(e)),
+        seat => {
+            let seat = seat.and_then(Result::ok);
+            let decision = access::check(state, &user, &attrs).await;
+            let served = match (&decision, op) {
+                (Err(e), _) => Err(e.clone()),
+                (Ok(()), Err(e)) => Err(e),
+                (Ok(()), Ok(op)) => serve::serve(state, &user, &resource, op, format, seat).await,
+            };
+            (Some(decision), served)
+        }
     };
     if !matches!(served, Ok(Served::Forward(_))) {
-        let (allowed, reason) = match &decision {
+        let decision = decision.as_ref().map(|d| match d {
             Ok(()) => (true, ""),
             Err(e) => (false, e.message.as_str()),
-        };
+        });
         state.audit.record(crate::audit::Record {
             user: &user,
             attrs: &attrs,
@@ -188,8 +196,7 @@ async fn serve_or_forward(
                 .headers()
                 .get("user-agent")
                 .and_then(|v| v.to_str().ok()),
-            allowed,
-            reason,
+            decision,
             code: match &served {
                 Ok(Served::Response(r)) => r.status().as_u16(),
                 Err(e) => e.code,

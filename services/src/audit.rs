@@ -73,8 +73,10 @@ pub struct Record<'a> {
     pub request_uri: &'a str,
     pub source_ip: Option<String>,
     pub user_agent: Option<&'a str>,
-    pub allowed: bool,
-    pub reason: &'a str,
+    /// The authorization decision and its reason; `None` for a request refused before
+    /// authorization (no seat for it: `crate::fairness`), whose event carries no decision,
+    /// as the API server's for a request its priority and fairness rejected.
+    pub decision: Option<(bool, &'a str)>,
     pub code: u16,
     pub received: SystemTime,
 }
@@ -155,17 +157,20 @@ impl Auditor {
         if !name.is_empty() {
             object_ref["name"] = json!(name);
         }
-        let mut annotations = json!({
-            "authorization.k8s.io/decision": if r.allowed { "allow" } else { "forbid" },
-            "authorization.k8s.io/reason": r.reason,
-        });
+        let mut annotations = json!({});
+        if let Some((allowed, reason)) = r.decision {
+            annotations["authorization.k8s.io/decision"] =
+                json!(if allowed { "allow" } else { "forbid" });
+            annotations["authorization.k8s.io/reason"] = json!(reason);
+        }
         annotations["kcache.io/served-by"] = json!("cache");
+        let allowed = r.decision.is_some_and(|(a, _)| a);
         let ev = json!({
             "kind": "Event",
             "apiVersion": "audit.k8s.io/v1",
             "level": "Metadata",
             "auditID": format!("{:032x}", rand::random::<u128>()),
-            "stage": if verb == "watch" && r.allowed { "ResponseStarted" } else { "ResponseComplete" },
+            "stage": if verb == "watch" && allowed { "ResponseStarted" } else { "ResponseComplete" },
             "requestURI": r.request_uri,
             "verb": verb,
             "user": {"username": r.user.username, "uid": r.user.uid, "groups": r.user.groups},

@@ -567,9 +567,14 @@ async fn read_warnings_match_the_api_servers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_from_one_user_is_refused_from_its_own_queue_not_others() {
     let cluster = TestCluster::start().await;
+    let audit_log = cluster.dir_path().join("audit.log");
     let k = Kcache::start(
         &cluster,
-        "[server]\ncache_seats = 1\ncache_queue_per_user = 2\ncache_queue_wait_secs = 10\n",
+        &format!(
+            "[server]\ncache_seats = 1\ncache_queue_per_user = 2\ncache_queue_wait_secs = 10\n\
+             [audit]\npath = {:?}\nresources = [\"configmaps\"]\n",
+            audit_log.display().to_string()
+        ),
     )
     .await;
     let path = "/api/v1/namespaces/default/configmaps?resourceVersion=0";
@@ -644,4 +649,30 @@ async fn a_flood_from_one_user_is_refused_from_its_own_queue_not_others() {
         support::kcache::sum_samples(&m, "kcache_cache_requests_waiting", None),
         0.0
     );
+    // Refused requests are audited with their 429 and, refused before authorization, no
+    // authorization decision (as the API server audits what its priority and fairness
+    // rejects); answered ones with theirs.
+    eventually("the refusals are audited", Duration::from_secs(10), || {
+        let audit_log = audit_log.clone();
+        async move {
+            let text = std::fs::read_to_string(&audit_log).unwrap_or_default();
+            let events: Vec<Value> = text
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect();
+            let refused = events.iter().any(|e| {
+                e["responseStatus"]["code"] == 429
+                    && e["user"]["username"] == "admin"
+                    && e["annotations"]
+                        .get("authorization.k8s.io/decision")
+                        .is_none()
+            });
+            let answered = events.iter().any(|e| {
+                e["responseStatus"]["code"] == 200
+                    && e["annotations"]["authorization.k8s.io/decision"] == "allow"
+            });
+            refused && answered
+        }
+    })
+    .await;
 }
