@@ -220,8 +220,8 @@ pub struct Args {
     /// flood: the flooding client's bearer token (another user than `--token`'s).
     #[arg(long, default_value = "viewertoken")]
     pub flood_token: String,
-    /// flood: the user `--flood-token` authenticates as (bound to the `view` role in the
-    /// scenario's namespace).
+    /// flood: the user `--flood-token` authenticates as (given a Role to read the
+    /// scenario's ConfigMaps).
     #[arg(long, default_value = "viewer")]
     pub flood_user: String,
     /// slow, flood: data bytes per ConfigMap (bigger events fill a stalled stream sooner).

@@ -5,8 +5,8 @@
 //! object at resourceVersion 0 every 100 ms (their answers measure latency too). Two write
 //! phases of `--seconds` at `--rate`/s: the normal clients alone, then beside a flooding
 //! client: `--flood-concurrency` loops listing the whole namespace at resourceVersion 0 as
-//! fast as answers come, as another user (`--flood-token`, bound to the `view` role in the
-//! namespace). The API server meets the flood with its priority and fairness; kcache with
+//! fast as answers come, as another user (`--flood-token`, allowed to read the namespace's
+//! ConfigMaps). The API server meets the flood with its priority and fairness; kcache with
 //! its cache seats, shared fairly between users (`services/src/fairness.rs`). The report
 //! says whether the normal clients were affected, by the `slow` scenario's rule, and what
 //! the flood got (answers, 429s).
@@ -164,24 +164,27 @@ fn spawn_flood(
     (flood, handles)
 }
 
-/// Grants `user` the `view` role in the scenario's namespace (idempotent).
-async fn bind_view(ctx: &Ctx, user: &str) {
+/// Lets `user` read ConfigMaps in the scenario's namespace (idempotent). A Role of its own:
+/// the `view` ClusterRole is empty without a controller-manager to aggregate it.
+async fn bind_reader(ctx: &Ctx, user: &str) {
+    let rbac = format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}");
+    let role = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "bench-flood-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}],
+    });
     let binding = json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": {"name": "bench-flood-view"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+        "metadata": {"name": "bench-flood-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "bench-flood-reader"},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
     });
-    if let Err(e) = ctx
-        .api
-        .ensure(
-            &format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings"),
-            &binding,
-        )
-        .await
-    {
-        ctx.progress.log(&format!("role binding for {user}: {e}"));
+    for (what, body) in [("roles", role), ("rolebindings", binding)] {
+        if let Err(e) = ctx.api.ensure(&format!("{rbac}/{what}"), &body).await {
+            ctx.progress.log(&format!("{what} for {user}: {e}"));
+        }
     }
 }
 
@@ -191,7 +194,7 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
     if let Err(e) = ctx.api.ensure_namespace(NS).await {
         ctx.progress.log(&format!("namespace {NS}: {e}"));
     }
-    bind_view(ctx, &ctx.args.flood_user).await;
+    bind_reader(ctx, &ctx.args.flood_user).await;
     let data = payload(p.payload_bytes);
     let items = (0..p.objects)
         .map(|i| {
@@ -370,7 +373,7 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
             "normal_readers": p.readers,
             "reader": "GET of one ConfigMap at resourceVersion 0 every 100 ms",
             "flood_loops": p.flooders,
-            "flood": "list of the whole namespace at resourceVersion 0, back to back, as another user (view role); on 429 waits 1 s",
+            "flood": "list of the whole namespace at resourceVersion 0, back to back, as another user (may read its ConfigMaps); on 429 waits 1 s",
             "flood_user": ctx.args.flood_user,
             "configmaps": p.objects,
             "payload_bytes": p.payload_bytes,
