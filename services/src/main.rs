@@ -41,7 +41,7 @@ enum Command {
     /// Print the public key (base64) of a fleet signing key file (`nats.signing_key_file`:
     /// a 32-byte seed, base64, e.g. `head -c 32 /dev/urandom | base64`), for the
     /// `nats.verify_key_files` of a rotation or for NATS subscribers that verify events.
-    NatsPublicKey { file: std::path::PathBuf },
+    NatsPublicKey { file: String },
     /// Wait, then exit: a container `preStop` hook, so that endpoints stop sending new
     /// connections before SIGTERM starts the shutdown (the image has no shell or `sleep`).
     PreStop {
@@ -128,17 +128,13 @@ fn main() -> std::process::ExitCode {
         }
         Command::NatsPublicKey { file } => {
             use base64::Engine;
-            let b64 = base64::engine::general_purpose::STANDARD;
-            let seed = std::fs::read_to_string(&file)
-                .map_err(|e| e.to_string())
-                .and_then(|t| b64.decode(t.trim()).map_err(|e| e.to_string()))
-                .and_then(|s| {
-                    kcache_actors::core::sign::Signer::from_seed(&s).map_err(|e| e.to_string())
-                });
-            return match seed {
-                Ok(signer) => print(format!("{}\n", b64.encode(signer.public_key())).as_bytes()),
+            return match kcache_actors::fleet::signer_from_file(&file) {
+                Ok(signer) => {
+                    let key = base64::engine::general_purpose::STANDARD.encode(signer.public_key());
+                    print(format!("{key}\n").as_bytes())
+                }
                 Err(e) => {
-                    eprintln!("kcache: {}: {e}", file.display());
+                    eprintln!("kcache: {e}");
                     std::process::ExitCode::FAILURE
                 }
             };

@@ -42,11 +42,8 @@ impl Error {
             Error::Unauthenticated(_) | Error::NoKeys(_) => {
                 metrics::counter!(m::FLEET_REJECTED, "reason" => "unauthenticated").increment(1)
             }
-            Error::Signature(sign::Error::Unsigned) => {
-                metrics::counter!(m::FLEET_REJECTED, "reason" => "unsigned").increment(1)
-            }
-            Error::Signature(_) => {
-                metrics::counter!(m::FLEET_REJECTED, "reason" => "forged").increment(1)
+            Error::Signature(e) => {
+                metrics::counter!(m::FLEET_REJECTED, "reason" => refusal(e)).increment(1)
             }
             Error::Wire(wire::Error::TooLarge { .. }) => {
                 metrics::counter!(m::FLEET_OVERSIZED).increment(1)
@@ -89,13 +86,11 @@ impl Opener {
             return Ok(None);
         };
         if let Some(verifier) = &self.verifier {
-            let signature = msg
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(wire::H_SIGNATURE))
-                .map(|v| v.as_str());
             verifier
-                .verify(signature, &[&frame.associated_data(&self.token), &body])
+                .verify(
+                    signature(msg),
+                    &[&frame.associated_data(&self.token), &body],
+                )
                 .map_err(Error::Signature)?;
         }
         match (&frame.key_id, &self.keyring) {
@@ -107,6 +102,22 @@ impl Opener {
             (None, Some(_)) => Err(Error::Plaintext),
             (None, None) => Ok(Some(body)),
         }
+    }
+}
+
+/// A message's `Kcache-Signature`, if any.
+fn signature(msg: &Message) -> Option<&str> {
+    msg.headers
+        .as_ref()
+        .and_then(|h| h.get(wire::H_SIGNATURE))
+        .map(|v| v.as_str())
+}
+
+/// The `kcache_fleet_rejected_messages_total` reason of a signature refused.
+fn refusal(e: &sign::Error) -> &'static str {
+    match e {
+        sign::Error::Unsigned => "unsigned",
+        _ => "forged",
     }
 }
 
@@ -143,23 +154,13 @@ pub fn control_verified(verifier: Option<&Verifier>, msg: &Message) -> bool {
     let Some(verifier) = verifier else {
         return true;
     };
-    let signature = msg
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(wire::H_SIGNATURE))
-        .map(|v| v.as_str());
     match verifier.verify(
-        signature,
+        signature(msg),
         &[&control_signed(msg.subject.as_str(), &msg.payload)],
     ) {
         Ok(()) => true,
         Err(e) => {
-            let reason = if e == sign::Error::Unsigned {
-                "unsigned"
-            } else {
-                "forged"
-            };
-            metrics::counter!(m::FLEET_REJECTED, "reason" => reason).increment(1);
+            metrics::counter!(m::FLEET_REJECTED, "reason" => refusal(&e)).increment(1);
             false
         }
     }

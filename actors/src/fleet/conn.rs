@@ -202,19 +202,10 @@ pub fn load_keyring(cfg: &NatsConfig) -> Result<Option<Arc<Keyring>>> {
     }
     let mut keys = Vec::new();
     for k in &cfg.encryption_keys {
-        let text = std::fs::read_to_string(&k.file).map_err(|source| Error::File {
-            what: "encryption key file",
-            path: k.file.clone(),
-            source,
-        })?;
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(text.trim())
-            .map_err(|source| Error::KeyEncoding {
-                id: k.id.clone(),
-                path: k.file.clone(),
-                source,
-            })?;
-        keys.push((k.id.clone(), bytes));
+        keys.push((
+            k.id.clone(),
+            read_base64("encryption key file", &k.id, &k.file)?,
+        ));
     }
     let active = cfg
         .encryption_active_key
@@ -223,8 +214,8 @@ pub fn load_keyring(cfg: &NatsConfig) -> Result<Option<Arc<Keyring>>> {
     Ok(Some(Arc::new(Keyring::new(keys, &active)?)))
 }
 
-/// A file's base64 content, decoded.
-fn read_base64(what: &'static str, path: &str) -> Result<Vec<u8>> {
+/// A key file's base64 content, decoded; `id` names the key in the error.
+fn read_base64(what: &'static str, id: &str, path: &str) -> Result<Vec<u8>> {
     let text = std::fs::read_to_string(path).map_err(|source| Error::File {
         what,
         path: path.to_string(),
@@ -233,10 +224,19 @@ fn read_base64(what: &'static str, path: &str) -> Result<Vec<u8>> {
     base64::engine::general_purpose::STANDARD
         .decode(text.trim())
         .map_err(|source| Error::KeyEncoding {
-            id: what.to_string(),
+            id: id.to_string(),
             path: path.to_string(),
             source,
         })
+}
+
+/// The signing key in a file (a 32-byte Ed25519 seed, base64).
+pub fn signer_from_file(path: &str) -> Result<Signer> {
+    Ok(Signer::from_seed(&read_base64(
+        "signing key file",
+        "signing",
+        path,
+    )?)?)
 }
 
 /// The fleet's signing key and the public keys a mirror accepts (`[nats]
@@ -250,10 +250,10 @@ pub fn load_signing(cfg: &NatsConfig) -> Result<Option<(Arc<Signer>, Arc<Verifie
         }
         return Ok(None);
     };
-    let signer = Signer::from_seed(&read_base64("signing key file", file)?)?;
+    let signer = signer_from_file(file)?;
     let mut public = vec![signer.public_key().to_vec()];
     for f in &cfg.verify_key_files {
-        public.push(read_base64("verify key file", f)?);
+        public.push(read_base64("verify key file", "verify", f)?);
     }
     let verifier = Verifier::new(public)?;
     Ok(Some((Arc::new(signer), Arc::new(verifier))))

@@ -44,7 +44,7 @@ use crate::health::UpstreamHealth;
 use crate::metrics as m;
 use crate::source::UpstreamSource;
 
-pub use conn::{connect, load_keyring, load_signing, Error, Result};
+pub use conn::{connect, load_keyring, load_signing, signer_from_file, Error, Result};
 
 /// What every key's fleet source shares: the connection, the lease client, peers'
 /// presence, and the upstream it reads as owner or local.

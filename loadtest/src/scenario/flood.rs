@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::slow::unaffected;
 use super::{
     annotate_round_robin, between_targets, fanout, payload, Ctx, ScenarioRun, Series, Session,
 };
@@ -56,15 +57,8 @@ fn object_path(i: usize) -> String {
     format!("/api/v1/namespaces/{NS}/configmaps/o{i}")
 }
 
-/// The `slow` scenario's rule, for watch deliveries and for reads alike.
+/// The `slow` scenario's rule (`slow::unaffected`), for watch deliveries and reads alike.
 const VERDICT_RULE: &str = "unaffected = answers (deliveries) with the flood >= 99.9 % of the share without, and p99 with <= max(p99 without + 5 ms, 1.5 x p99 without)";
-
-fn unaffected(base: &[Duration], base_exp: usize, with: &[Duration], with_exp: usize) -> bool {
-    let ratio = |s: &[Duration], e: usize| s.len() as f64 / e.max(1) as f64;
-    let p99 = |s: &[Duration]| Latency::of(s).p99_ms.unwrap_or(f64::INFINITY);
-    let (b, w) = (p99(base), p99(with));
-    ratio(with, with_exp) >= 0.999 * ratio(base, base_exp) && w <= (b + 5.0).max(1.5 * b)
-}
 
 /// Normal readers' answers in one phase: latencies of 200s, and how many were asked.
 #[derive(Default)]
@@ -386,20 +380,5 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         series,
         notes,
         sections: Vec::new(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn verdict_rule() {
-        let ms = |v: u64| Duration::from_millis(v);
-        let base: Vec<Duration> = (1..=100).map(ms).collect();
-        assert!(unaffected(&base, 100, &base, 100));
-        let slower: Vec<Duration> = (1..=100).map(|v| ms(v * 2)).collect();
-        assert!(!unaffected(&base, 100, &slower, 100));
-        assert!(!unaffected(&base, 100, &base[..50], 100));
     }
 }

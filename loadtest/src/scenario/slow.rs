@@ -73,7 +73,12 @@ fn phase_summary(sorted: &[Duration], expected: usize) -> Value {
 /// deliveries as without slow consumers, and their p99 rose by at most 5 ms or 50 %.
 const VERDICT_RULE: &str = "unaffected = delivery ratio with slow consumers >= 99.9 % of the ratio without, and p99 with <= max(p99 without + 5 ms, 1.5 x p99 without)";
 
-fn unaffected(base: &[Duration], base_exp: usize, with: &[Duration], with_exp: usize) -> bool {
+pub(super) fn unaffected(
+    base: &[Duration],
+    base_exp: usize,
+    with: &[Duration],
+    with_exp: usize,
+) -> bool {
     let ratio = |s: &[Duration], e: usize| s.len() as f64 / e.max(1) as f64;
     let p99 = |s: &[Duration]| Latency::of(s).p99_ms.unwrap_or(f64::INFINITY);
     let (b, w) = (p99(base), p99(with));
