@@ -19,11 +19,11 @@ use serde_json::json;
 
 use super::slow::unaffected;
 use super::{
-    annotate_round_robin, between_targets, fanout, payload, Ctx, ScenarioRun, Series, Session,
+    annotate_round_robin, between_targets, name_watches, Ctx, NameWatches, ScenarioRun, Series,
+    Session,
 };
 use crate::client::ConnPool;
 use crate::report::Latency;
-use crate::watch::Ready;
 
 const NS: &str = "bench-flood";
 
@@ -53,10 +53,6 @@ impl Params {
     }
 }
 
-fn object_path(i: usize) -> String {
-    format!("/api/v1/namespaces/{NS}/configmaps/o{i}")
-}
-
 /// The `slow` scenario's rule (`slow::unaffected`), for watch deliveries and reads alike.
 const VERDICT_RULE: &str = "unaffected = answers (deliveries) with the flood >= 99.9 % of the share without, and p99 with <= max(p99 without + 5 ms, 1.5 x p99 without)";
 
@@ -67,12 +63,13 @@ struct Reads {
     asked: usize,
 }
 
-/// Runs `readers` normal readers until `stop`, each reading one object every 100 ms.
+/// Runs `readers` normal readers until `stop`, each reading one of `objects` (paths) every
+/// 100 ms.
 fn spawn_readers(
     base: &str,
     token: &str,
     readers: usize,
-    objects: usize,
+    objects: &[String],
     pool: &ConnPool,
     stop: Arc<AtomicBool>,
 ) -> (Arc<Mutex<Reads>>, Vec<tokio::task::JoinHandle<()>>) {
@@ -80,7 +77,7 @@ fn spawn_readers(
     let handles = (0..readers)
         .map(|r| {
             let (client, stop, reads) = (pool.get(r), stop.clone(), reads.clone());
-            let url = format!("{base}{}?resourceVersion=0", object_path(r % objects));
+            let url = format!("{base}{}?resourceVersion=0", objects[r % objects.len()]);
             let token = token.to_string();
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -184,37 +181,12 @@ async fn bind_reader(ctx: &Ctx, user: &str) {
 
 pub async fn run(ctx: &Ctx) -> ScenarioRun {
     let p = Params::from_ctx(ctx);
-    ctx.progress.stage("creating ConfigMaps");
-    if let Err(e) = ctx.api.ensure_namespace(NS).await {
-        ctx.progress.log(&format!("namespace {NS}: {e}"));
-    }
+    let NameWatches {
+        watches: normal,
+        watchers,
+        objects,
+    } = name_watches(ctx, NS, p.objects, p.payload_bytes, p.normal).await;
     bind_reader(ctx, &ctx.args.flood_user).await;
-    let data = payload(p.payload_bytes);
-    let items = (0..p.objects)
-        .map(|i| {
-            (
-                format!("/api/v1/namespaces/{NS}/configmaps"),
-                json!({"metadata": {"name": format!("o{i}")}, "data": {"v": data}}),
-            )
-        })
-        .collect();
-    let n = ctx.api.create_all(items).await;
-    ctx.progress.log(&format!(
-        "setup: {} ConfigMaps created, {} existed, {} failed",
-        n.created, n.existed, n.failed
-    ));
-
-    let normal: Vec<(String, Ready)> = (0..p.normal)
-        .map(|i| {
-            (
-                format!("/api/v1/namespaces/{NS}/configmaps?watch=1&resourceVersion=0&fieldSelector=metadata.name%3Do{}", i % p.objects),
-                Ready::FirstEvent,
-            )
-        })
-        .collect();
-    let receives: Vec<String> = (0..p.normal).map(|i| object_path(i % p.objects)).collect();
-    let watchers = fanout(receives.iter().map(String::as_str));
-    let objects: Vec<String> = (0..p.objects).map(object_path).collect();
     let total_writes = (p.rate * p.seconds) as usize;
 
     let mut reports = Vec::new();
@@ -253,7 +225,7 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
                 &t.url,
                 &ctx.args.token,
                 p.readers,
-                p.objects,
+                &objects,
                 &reader_pool,
                 stop.clone(),
             );

@@ -583,6 +583,60 @@ pub fn annotate_round_robin(
         .collect()
 }
 
+/// ConfigMaps `o0`.. of `payload_bytes` in `ns` (the namespace made first) and `normal`
+/// single-object watches spread over them round-robin: the measured clients of `slow` and
+/// `flood`.
+pub struct NameWatches {
+    /// Each watch's path and when it counts as open.
+    pub watches: Vec<(String, Ready)>,
+    /// Watches per object path (`fanout`), for the writes' expected deliveries.
+    pub watchers: HashMap<String, usize>,
+    /// Every object's path.
+    pub objects: Vec<String>,
+}
+
+pub async fn name_watches(
+    ctx: &Ctx,
+    ns: &str,
+    objects: usize,
+    payload_bytes: usize,
+    normal: usize,
+) -> NameWatches {
+    ctx.progress.stage("creating ConfigMaps");
+    if let Err(e) = ctx.api.ensure_namespace(ns).await {
+        ctx.progress.log(&format!("namespace {ns}: {e}"));
+    }
+    let data = payload(payload_bytes);
+    let items = (0..objects)
+        .map(|i| {
+            (
+                format!("/api/v1/namespaces/{ns}/configmaps"),
+                json!({"metadata": {"name": format!("o{i}")}, "data": {"v": data}}),
+            )
+        })
+        .collect();
+    let n = ctx.api.create_all(items).await;
+    ctx.progress.log(&format!(
+        "setup: {} ConfigMaps created, {} existed, {} failed",
+        n.created, n.existed, n.failed
+    ));
+    let path = |i: usize| format!("/api/v1/namespaces/{ns}/configmaps/o{i}");
+    let watches = (0..normal)
+        .map(|i| {
+            (
+                format!("/api/v1/namespaces/{ns}/configmaps?watch=1&resourceVersion=0&fieldSelector=metadata.name%3Do{}", i % objects),
+                Ready::FirstEvent,
+            )
+        })
+        .collect();
+    let receives: Vec<String> = (0..normal).map(|i| path(i % objects)).collect();
+    NameWatches {
+        watches,
+        watchers: fanout(receives.iter().map(String::as_str)),
+        objects: (0..objects).map(path).collect(),
+    }
+}
+
 /// Runs the selected scenario.
 pub async fn run(ctx: &Ctx) -> ScenarioRun {
     match ctx.args.scenario {

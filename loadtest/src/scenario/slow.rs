@@ -20,12 +20,13 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::{
-    annotate_round_robin, between_targets, fanout, payload, Ctx, ScenarioRun, Series, Session,
+    annotate_round_robin, between_targets, name_watches, Ctx, NameWatches, ScenarioRun, Series,
+    Session,
 };
 use crate::client::{ConnModel, ConnPool};
 use crate::probe;
 use crate::report::Latency;
-use crate::watch::{self, Ready, WatchReq};
+use crate::watch::{self, WatchReq};
 
 const NS: &str = "bench-slow";
 
@@ -53,10 +54,6 @@ impl Params {
             seconds: a.seconds.unwrap_or(15),
         }
     }
-}
-
-fn object_path(i: usize) -> String {
-    format!("/api/v1/namespaces/{NS}/configmaps/o{i}")
 }
 
 /// A phase's figures for the normal clients.
@@ -87,36 +84,11 @@ pub(super) fn unaffected(
 
 pub async fn run(ctx: &Ctx) -> ScenarioRun {
     let p = Params::from_ctx(ctx);
-    ctx.progress.stage("creating ConfigMaps");
-    if let Err(e) = ctx.api.ensure_namespace(NS).await {
-        ctx.progress.log(&format!("namespace {NS}: {e}"));
-    }
-    let data = payload(p.payload_bytes);
-    let items = (0..p.objects)
-        .map(|i| {
-            (
-                format!("/api/v1/namespaces/{NS}/configmaps"),
-                json!({"metadata": {"name": format!("o{i}")}, "data": {"v": data}}),
-            )
-        })
-        .collect();
-    let n = ctx.api.create_all(items).await;
-    ctx.progress.log(&format!(
-        "setup: {} ConfigMaps created, {} existed, {} failed",
-        n.created, n.existed, n.failed
-    ));
-
-    let normal: Vec<(String, Ready)> = (0..p.normal)
-        .map(|i| {
-            (
-                format!("/api/v1/namespaces/{NS}/configmaps?watch=1&resourceVersion=0&fieldSelector=metadata.name%3Do{}", i % p.objects),
-                Ready::FirstEvent,
-            )
-        })
-        .collect();
-    let receives: Vec<String> = (0..p.normal).map(|i| object_path(i % p.objects)).collect();
-    let watchers = fanout(receives.iter().map(String::as_str));
-    let objects: Vec<String> = (0..p.objects).map(object_path).collect();
+    let NameWatches {
+        watches: normal,
+        watchers,
+        objects,
+    } = name_watches(ctx, NS, p.objects, p.payload_bytes, p.normal).await;
     let total_writes = (p.rate * p.seconds) as usize;
     let slow_model = ConnModel {
         per_connection: 1,
