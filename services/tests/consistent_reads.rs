@@ -14,6 +14,7 @@ use serde_json::Value;
 use support::http::{delete_secret, put_secret, Events, Http};
 use support::kcache::Kcache;
 use support::nats::{fleet_toml, Nats};
+use support::rng::Rng;
 use support::{create_as_admin, TestCluster};
 
 /// Reads a streaming list to its initial-events-end bookmark: the objects' `name → data.v`
@@ -471,29 +472,14 @@ async fn read_form(
 /// by a timeout. `KCACHE_FRESH_SEED` replays a run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generated_deletions_and_recreations_are_never_read_stale() {
-    let seed = std::env::var("KCACHE_FRESH_SEED")
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    eprintln!("freshness class: KCACHE_FRESH_SEED={seed}");
+    let seed = Rng::seed_from_env("KCACHE_FRESH_SEED", "freshness class");
     let cluster = TestCluster::start().await;
     let k = Kcache::start(&cluster, "").await;
     let admin = cluster.kube_client().await;
     support::create_namespace(&admin, "fresh").await;
     let (api, kc) = (Http::new(&cluster.url), Http::new(&k.url));
-    let mut state = seed;
-    let mut next = move || {
-        // splitmix64
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
+    let mut rng = Rng::new(seed);
+    let mut next = move || rng.next();
     let http = support::insecure_http();
     let mut compared = 0;
     for round in 0..16 {

@@ -30,6 +30,7 @@ use futures::StreamExt;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use support::kcache::Kcache;
+use support::rng::Rng;
 use support::{eventually, insecure_http, TestCluster, ADMIN_TOKEN};
 
 /// Requests per identity unless `KCACHE_DIFF_REQUESTS` says otherwise.
@@ -84,41 +85,6 @@ const IDENTITIES: [Identity; 5] = [
 // ---------------------------------------------------------------------------------------
 // Seeded generation
 // ---------------------------------------------------------------------------------------
-
-/// SplitMix64: the same sequence for a seed on every platform and crate version, so a
-/// printed seed replays.
-struct Rng(u64);
-
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-impl Rng {
-    /// Request `index`'s own stream: it does not depend on how many requests came before,
-    /// so `KCACHE_DIFF_ONLY` regenerates exactly that request.
-    fn for_request(seed: u64, index: u64) -> Rng {
-        Rng(mix(seed ^ mix(index.wrapping_add(1))))
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        mix(self.0)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len())]
-    }
-}
 
 /// One generated request: a raw path and query as sent on the wire, and an Accept header.
 #[derive(Clone)]
@@ -288,7 +254,7 @@ impl Store {
 }
 
 fn generate(seed: u64, index: u64, store: &Store) -> Request {
-    let mut rng = Rng::for_request(seed, index);
+    let mut rng = Rng::for_case(seed, index);
     let resource = if rng.chance(85) {
         rng.pick(&CACHED)
     } else {

@@ -25,6 +25,7 @@ pub mod kcache;
 pub mod nats;
 pub mod nats_cluster;
 pub mod nats_conf;
+pub mod rng;
 
 use std::collections::HashSet;
 use std::future::Future;
