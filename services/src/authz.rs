@@ -10,6 +10,7 @@ use k8s_openapi::api::authorization::v1::{
     FieldSelectorAttributes, LabelSelectorAttributes, NonResourceAttributes, ResourceAttributes,
     SubjectAccessReview, SubjectAccessReviewSpec,
 };
+use kcache_actors::core::go_quote::go_quote;
 use thiserror::Error;
 
 use crate::auth::UserInfo;
@@ -181,7 +182,8 @@ impl Authorizer {
     }
 }
 
-/// The API server's 403 for a denied request (`responsewriters.ForbiddenStatus`).
+/// The API server's 403 for a denied request (`responsewriters.ForbiddenStatus`); every
+/// name in it printed as Go's `%q` prints it.
 pub fn forbidden(user: &UserInfo, attrs: &Attributes, reason: &str) -> ApiError {
     let mut msg = match attrs {
         Attributes::Resource {
@@ -201,21 +203,24 @@ pub fn forbidden(user: &UserInfo, attrs: &Attributes, reason: &str) -> ApiError 
             let subject = if name.is_empty() {
                 full.clone()
             } else {
-                format!("{full} \"{name}\"")
+                format!("{full} {}", go_quote(name))
             };
             let scope = if namespace.is_empty() {
                 "at the cluster scope".to_string()
             } else {
-                format!("in the namespace \"{namespace}\"")
+                format!("in the namespace {}", go_quote(namespace))
             };
             format!(
-                "{subject} is forbidden: User \"{}\" cannot {verb} resource \"{full}\" in API group \"{group}\" {scope}",
-                user.username
+                "{subject} is forbidden: User {} cannot {verb} resource {} in API group {} {scope}",
+                go_quote(&user.username),
+                go_quote(&full),
+                go_quote(group),
             )
         }
         Attributes::NonResource { verb, path } => format!(
-            "forbidden: User \"{}\" cannot {verb} path \"{path}\"",
-            user.username
+            "forbidden: User {} cannot {verb} path {}",
+            go_quote(&user.username),
+            go_quote(path),
         ),
     };
     if !reason.is_empty() {

@@ -299,6 +299,34 @@ impl ImpersonationScope {
     }
 }
 
+/// Whether `value` reaches the API server unchanged as an HTTP header value: Go's server
+/// trims leading and trailing spaces and tabs (so `"system:node:n1 "` would arrive as
+/// `system:node:n1`, another identity) and no control character may be sent at all.
+fn header_exact(value: &str) -> bool {
+    let b = value.as_bytes();
+    let edge = |c: Option<&u8>| !matches!(c, Some(b' ' | b'\t'));
+    edge(b.first()) && edge(b.last()) && b.iter().all(|&c| c == b'\t' || (c >= 0x20 && c != 0x7f))
+}
+
+/// Why `user` cannot be impersonated exactly, if it cannot: a name or group an HTTP
+/// header cannot carry unchanged. kcache refuses rather than send another identity (the
+/// API server would have authorized the certificate's own); `docs/security.md`.
+fn unforwardable(user: &crate::auth::UserInfo) -> Option<String> {
+    let quote = kcache_actors::core::go_quote::go_quote;
+    if !header_exact(&user.username) {
+        return Some(format!(
+            "kcache cannot forward user {} to the API server: an HTTP header cannot carry the name unchanged (leading or trailing space, or a control character); use the API server directly",
+            quote(&user.username)
+        ));
+    }
+    user.groups.iter().find(|g| !header_exact(g)).map(|g| {
+        format!(
+            "kcache cannot forward group {} to the API server: an HTTP header cannot carry the name unchanged (leading or trailing space, or a control character); use the API server directly",
+            quote(g)
+        )
+    })
+}
+
 impl Proxy {
     pub fn new(
         config: kube::Config,
@@ -381,7 +409,7 @@ impl Proxy {
                 "impersonation by client-certificate users is not supported through kcache; use a bearer token or the API server directly",
             ));
         }
-        if let Some(why) = scope.refuses(user) {
+        if let Some(why) = scope.refuses(user).or_else(|| unforwardable(user)) {
             return Err(ApiError::new(403, "Forbidden", why));
         }
         self.send(client, req, body, Some(user)).await
@@ -463,9 +491,15 @@ impl Proxy {
                 .header("upgrade", "websocket");
         }
         if let Some(user) = impersonate {
-            builder = builder.header("Impersonate-User", user.username.as_str());
-            for g in user.groups.iter().filter(|g| *g != "system:authenticated") {
-                builder = builder.header("Impersonate-Group", g.as_str());
+            // As bytes: a UTF-8 name (obs-text to HTTP) goes as the certificate has it.
+            builder = builder.header("Impersonate-User", user.username.as_bytes());
+            // Every group, system:authenticated included, so that groups are always
+            // given: with a bare user name the API server fills them in itself — a
+            // `system:node:` name becomes a node (group system:nodes, constrained
+            // impersonation since 1.36) and a `system:serviceaccount:` name gets the
+            // account's groups — where the certificate named neither.
+            for g in &user.groups {
+                builder = builder.header("Impersonate-Group", g.as_bytes());
             }
         }
         let (upstream_body, failure, body) = match body {
@@ -739,6 +773,37 @@ fn empty() -> UpstreamBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_identities_a_header_carries_unchanged_are_impersonated() {
+        let user = |name: &str, groups: &[&str]| crate::auth::UserInfo {
+            username: name.into(),
+            uid: String::new(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            extra: Default::default(),
+        };
+        let table: &[(&str, &[&str], bool)] = &[
+            ("system:node:n1", &["system:nodes"], true),
+            ("b\u{f8}b", &["g\u{263a}"], true),
+            ("a\tb", &[], true),
+            ("", &[""], true),
+            ("system:node:n1 ", &["system:nodes"], false),
+            (" bob", &[], false),
+            ("bob\t", &[], false),
+            ("bob\n", &[], false),
+            ("b\u{0}b", &[], false),
+            ("b\u{7f}", &[], false),
+            ("bob", &["system:nodes "], false),
+            ("bob", &["g\r\n"], false),
+        ];
+        for &(name, groups, forwarded) in table {
+            assert_eq!(
+                unforwardable(&user(name, groups)).is_none(),
+                forwarded,
+                "{name:?} {groups:?}"
+            );
+        }
+    }
 
     #[test]
     fn impersonation_scope_admits_only_the_configured_users_and_groups() {

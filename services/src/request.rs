@@ -221,7 +221,7 @@ fn go_int(v: &str) -> Result<i64, ApiError> {
         };
         ApiError::bad_request(format!(
             "strconv.ParseInt: parsing {}: {why}",
-            kcache_actors::core::rv::go_quote(v)
+            kcache_actors::core::go_quote::go_quote(v)
         ))
     })
 }

@@ -64,7 +64,14 @@ impl ApiError {
     /// `secrets "x" not found`, with the details the API server adds (`group` only when
     /// there is one: the core group's is omitted, as Go's `omitempty` does).
     pub fn not_found(group: &str, resource: &str, name: &str) -> Self {
-        let mut e = Self::new(404, "NotFound", format!("{resource} \"{name}\" not found"));
+        let mut e = Self::new(
+            404,
+            "NotFound",
+            format!(
+                "{resource} {} not found",
+                kcache_actors::core::go_quote::go_quote(name)
+            ),
+        );
         let mut details = json!({"name": name, "kind": resource});
         if !group.is_empty() {
             details["group"] = json!(group);

@@ -5,6 +5,10 @@
 //! user's UID; two: authentication fails, a token may still succeed), T.61 and BMP
 //! strings, and a string type Go refuses (the handshake fails on both). A node's
 //! certificate with two names acts as the node the API server names, and only as it.
+//!
+//! Then the class: seeded, generated subjects (attribute types, orders, repeats, values
+//! and string types drawn at random, with or without a token) to both servers, which
+//! must answer alike. `KCACHE_CERT_SEED` replays a run, `KCACHE_CERT_CASES` sets its size.
 
 mod support;
 
@@ -13,11 +17,123 @@ use std::path::Path;
 use rcgen::{CertificateParams, DnType, DnValue, ExtendedKeyUsagePurpose, Issuer, KeyPair};
 use serde_json::{json, Value};
 use support::kcache::Kcache;
+use support::rng::Rng;
 use support::{create_as_admin, TestCluster, ADMIN_TOKEN};
 
 const CN: &[u64] = &[2, 5, 4, 3];
 const O: &[u64] = &[2, 5, 4, 10];
 const UID: &[u64] = &[1, 3, 6, 1, 4, 1, 57683, 2];
+const OU: &[u64] = &[2, 5, 4, 11];
+const L: &[u64] = &[2, 5, 4, 7];
+
+/// Generated cases per run (`KCACHE_CERT_CASES`).
+const DEFAULT_CASES: u64 = 48;
+
+/// Values a subject attribute takes: the users and groups the cluster binds, node names,
+/// privileged groups, and near misses (case, spaces, non-ASCII, control characters).
+const VALUES: &[&str] = &[
+    "bob",
+    "alice",
+    "carol",
+    "dave",
+    "",
+    "system:node:node1",
+    "system:node:node2",
+    "system:nodes",
+    "g2",
+    "system:masters",
+    "system:authenticated",
+    "system:anonymous",
+    "Bob",
+    "bob ",
+    " bob",
+    "b\u{f8}b",
+    "b\u{0}b",
+    "bob\n",
+    "\u{263a}",
+];
+
+/// One generated subject: attributes in order, each with a string type Go may or may not
+/// read. rcgen keeps one value per attribute type, two for CN and O (the second written
+/// as a custom type), so repeats past that are skipped.
+#[allow(clippy::type_complexity)]
+fn generated_subject(
+    rng: &mut Rng,
+) -> (
+    String,
+    Vec<(&'static [u64], DnValue)>,
+    Vec<(&'static [u64], &'static str)>,
+) {
+    let mut subject = Vec::new();
+    let mut plain = Vec::new();
+    let mut described = Vec::new();
+    let mut counts = std::collections::BTreeMap::new();
+    for _ in 0..rng.below(5) {
+        let (oid, name, most): (&'static [u64], &str, usize) = match rng.below(10) {
+            0..=3 => (CN, "CN", 2),
+            4..=6 => (O, "O", 2),
+            7 => (UID, "UID", 1),
+            8 => (OU, "OU", 1),
+            _ => (L, "L", 1),
+        };
+        let seen = counts.entry(name).or_insert(0usize);
+        if *seen == most {
+            continue;
+        }
+        *seen += 1;
+        let value = rng.pick(VALUES);
+        let (kind, dn) = match rng.below(20) {
+            0..=2 => (
+                "printable",
+                rcgen::string::PrintableString::try_from(value).map(DnValue::PrintableString),
+            ),
+            3..=4 => (
+                "t61",
+                rcgen::string::TeletexString::try_from(value).map(DnValue::TeletexString),
+            ),
+            5..=6 => (
+                "bmp",
+                rcgen::string::BmpString::try_from(value).map(DnValue::BmpString),
+            ),
+            7 => (
+                "ia5",
+                rcgen::string::Ia5String::try_from(value).map(DnValue::Ia5String),
+            ),
+            8 => (
+                "universal",
+                rcgen::string::UniversalString::try_from(value).map(DnValue::UniversalString),
+            ),
+            _ => ("utf8", Ok(DnValue::Utf8String(value.into()))),
+        };
+        // A value the type cannot carry is written as UTF-8.
+        let (kind, dn) = match dn {
+            Ok(dn) => (kind, dn),
+            Err(_) => ("utf8", DnValue::Utf8String(value.into())),
+        };
+        described.push(format!("{name}={value:?}/{kind}"));
+        subject.push((oid, dn));
+        plain.push((oid, value));
+    }
+    (format!("[{}]", described.join(", ")), subject, plain)
+}
+
+/// Whether kcache may refuse to forward this subject's identity (its documented
+/// difference): the user Go names (the last CN, when not empty) or one of its groups (the
+/// O values) cannot ride in an HTTP header unchanged.
+fn header_cannot_carry(subject: &[(&'static [u64], &'static str)]) -> bool {
+    let unsafe_value = |s: &str| {
+        s.starts_with([' ', '\t'])
+            || s.ends_with([' ', '\t'])
+            || s.chars().any(|c| (c < ' ' && c != '\t') || c == '\u{7f}')
+    };
+    let user = subject.iter().rev().find(|(oid, _)| *oid == CN);
+    match user {
+        Some((_, u)) if !u.is_empty() => {
+            unsafe_value(u) || subject.iter().any(|(oid, v)| *oid == O && unsafe_value(v))
+        }
+        _ => false,
+    }
+}
 
 /// A client certificate signed by the cluster's client CA with `subject` in order; the
 /// certificate and key as one PEM, for reqwest.
@@ -99,6 +215,8 @@ async fn certificate_identities_are_the_api_servers() {
                 {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "bob"},
                 {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "dave"},
                 {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "g2"},
+                // A service account's group: a certificate naming the account has none.
+                {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:serviceaccounts:ids"},
             ],
         }),
     )
@@ -234,6 +352,20 @@ async fn certificate_identities_are_the_api_servers() {
             Some(403),
         ),
         (
+            "a node's name without the nodes group is no node",
+            vec![(CN, utf8("system:node:node2"))],
+            "/api/v1/nodes/node2",
+            None,
+            Some(403),
+        ),
+        (
+            "a service account's name without its groups",
+            vec![(CN, utf8("system:serviceaccount:ids:default"))],
+            "/api/v1/namespaces/ids/configmaps/cm1",
+            None,
+            Some(403),
+        ),
+        (
             "two node names: the last one",
             vec![
                 (O, utf8("system:nodes")),
@@ -271,6 +403,81 @@ async fn certificate_identities_are_the_api_servers() {
         );
         assert_eq!(through, direct, "{what}: kcache against the API server");
     }
+    // A node name with a trailing space is another user to the API server; sent as a
+    // header it would arrive trimmed, as node2. kcache refuses to forward it.
+    let spaced = client_cert(
+        &ca_dir,
+        &[(O, utf8("system:nodes")), (CN, utf8("system:node:node2 "))],
+    );
+    let node2 = "/api/v1/nodes/node2";
+    let direct = get(&cluster.url, node2, &spaced, None).await;
+    let through = get(&k.url, node2, &spaced, None).await;
+    assert_eq!(direct.as_ref().map(|d| d.0), Some(403), "{direct:?}");
+    assert!(
+        through.as_ref().is_some_and(|(code, msg)| *code == 403
+            && msg.starts_with("kcache cannot forward user \"system:node:node2 \"")),
+        "a trailing space: {through:?}"
+    );
+
+    // The class: generated subjects, each to both servers.
+    let seed = Rng::seed_from_env("KCACHE_CERT_SEED", "certificate subjects");
+    let cases = std::env::var("KCACHE_CERT_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_CASES);
+    let paths = [
+        cms,
+        node2_pods,
+        "/api/v1/pods?resourceVersion=0&fieldSelector=spec.nodeName%3Dnode1",
+        "/api/v1/namespaces/ids/configmaps/cm1",
+        "/api/v1/nodes/node1",
+    ];
+    let mut differences = Vec::new();
+    let mut answers = std::collections::BTreeMap::new();
+    let mut not_carried = 0;
+    for index in 0..cases {
+        let mut rng = Rng::for_case(seed, index);
+        let (what, subject, plain) = generated_subject(&mut rng);
+        let path = rng.pick(&paths);
+        let token = match rng.below(10) {
+            0 => Some(ADMIN_TOKEN),
+            1 => Some("viewertoken"),
+            _ => None,
+        };
+        let identity = client_cert(&ca_dir, &subject);
+        let direct = get(&cluster.url, path, &identity, token).await;
+        let through = get(&k.url, path, &identity, token).await;
+        *answers.entry(direct.as_ref().map(|d| d.0)).or_insert(0) += 1;
+        let refused = through
+            .as_ref()
+            .is_some_and(|(code, msg)| *code == 403 && msg.starts_with("kcache cannot forward"));
+        if refused && header_cannot_carry(&plain) {
+            // Proxied as kcache impersonating: fails closed (docs/security.md).
+            not_carried += 1;
+        } else if through != direct {
+            differences.push(format!(
+                "case {index}: {what} GET {path} token {token:?}\n    API server {direct:?}\n    kcache     {through:?}\n    replay: KCACHE_CERT_SEED={seed} KCACHE_CERT_CASES={}",
+                index + 1
+            ));
+        }
+    }
+    eprintln!(
+        "certificate subjects: {cases} cases, the API server's answers {answers:?}, {not_carried} refused by kcache as not forwardable"
+    );
+    assert!(
+        differences.is_empty(),
+        "seed {seed}: {} of {cases} generated subjects answered differently:\n{}",
+        differences.len(),
+        differences.join("\n")
+    );
+    // Not vacuous: both allowed and refused answers were compared.
+    if cases >= DEFAULT_CASES {
+        assert!(
+            answers.contains_key(&Some(200)) && answers.contains_key(&Some(403)),
+            "seed {seed}: the generator reached only {answers:?}"
+        );
+    }
+
     // The shapes were read from kcache's cache (the differences would be there), not
     // forwarded: configmaps and pods keys exist.
     let keys = k.debug_keys().await.to_string();

@@ -12,6 +12,7 @@ pub mod dispatch_index;
 pub mod event;
 pub mod filter;
 pub mod fresh;
+pub mod go_quote;
 pub mod holds;
 pub mod interest;
 pub mod key;

@@ -9,6 +9,8 @@
 
 use thiserror::Error;
 
+use super::go_quote::go_quote;
+
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum Error {
     /// The storage layer's parse of a resourceVersion (`APIObjectVersioner`): a list
@@ -89,34 +91,6 @@ fn invalid_message(errs: &[FieldError]) -> String {
             format!("[{}]", parts.join(", "))
         }
     }
-}
-
-/// Go's `%q` of a string: double-quoted, with `\\`, `\"`, and escapes for control
-/// characters and invalid UTF-8 (the input here is valid UTF-8; printable non-ASCII
-/// stays as is, as `strconv.Quote` keeps printable runes).
-pub fn go_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            '\u{7}' => out.push_str("\\a"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\u{b}' => out.push_str("\\v"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                out.push_str(&format!("\\x{:02x}", c as u32))
-            }
-            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// The `resourceVersion` query parameter.
@@ -437,7 +411,6 @@ mod tests {
                 .to_string(),
             r#"resourceVersion: Invalid value: "99999999999999999999999": strconv.ParseUint: parsing "99999999999999999999999": value out of range"#
         );
-        assert_eq!(go_quote("a\"b\\c\n\u{1}é"), r#""a\"b\\c\n\x01é""#);
     }
 
     /// `ValidateListOptions` of the reference version, message for message (each row's
