@@ -10,6 +10,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use support::kcache::Kcache;
+use support::rng::Rng;
 use support::{eventually, insecure_http, TestCluster, ADMIN_TOKEN};
 
 /// Status code and the names of the objects a response shows (list items, a got object,
@@ -466,7 +467,8 @@ async fn debug_keys_shows_each_caller_only_the_keys_it_may_list() {
             "{path}"
         );
     }
-    let keys_of = |token: &'static str| {
+    let keys_of = |token: &str| {
+        let token = token.to_string();
         let url = format!("{}/debug/keys", k.admin_url);
         async move {
             let resp = insecure_http()
@@ -515,4 +517,261 @@ async fn debug_keys_shows_each_caller_only_the_keys_it_may_list() {
     assert_eq!(keys_of("nobodytoken").await, (200, BTreeSet::new()));
     // Without the endpoint's permission: refused outright.
     assert_eq!(keys_of("node2token").await.0, 403);
+
+    debug_keys_class(&cluster, &k, &keys_of).await;
+}
+
+/// The upstream list a `/debug/keys` key stands for: its namespace or cluster list, a
+/// name key's list by `metadata.name`, a node key's by `spec.nodeName` (as the key lists).
+fn key_list_path(key: &str) -> String {
+    let (path, query) = key.split_once('?').unwrap_or((key, ""));
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let encode = |q: &str| q.replace('=', "%3D");
+    match parts.as_slice() {
+        ["api", "v1", "namespaces", ns, resource, name] => format!(
+            "/api/v1/namespaces/{ns}/{resource}?fieldSelector=metadata.name%3D{name}&limit=1"
+        ),
+        _ if query.is_empty() => format!("{path}?limit=1"),
+        _ => {
+            let selector = query.trim_start_matches("fieldSelector=");
+            format!("{path}?fieldSelector={}&limit=1", encode(selector))
+        }
+    }
+}
+
+/// `/debug/keys` as a class: generated service accounts, each with generated RBAC (list,
+/// get, watch in some mix; cluster-wide or per namespace; by resource name or not; bound to
+/// the account or its group) and the debug endpoint's permission or not; generated keys.
+/// Each caller's view is judged by the API server: a key is shown exactly when the caller
+/// may list the key's objects as the key lists them (that list, sent directly as the
+/// caller, answers 200), and the endpoint answers exactly when the API server would
+/// authorize the path. `KCACHE_DEBUGKEYS_SEED` replays a run.
+async fn debug_keys_class<F, Fut>(cluster: &TestCluster, k: &Kcache, keys_of: &F)
+where
+    F: Fn(&str) -> Fut,
+    Fut: std::future::Future<Output = (u16, BTreeSet<String>)>,
+{
+    let seed = Rng::seed_from_env("KCACHE_DEBUGKEYS_SEED", "debug keys class");
+    let mut rng = Rng::new(seed);
+    let candidates = [
+        "/api/v1/namespaces/a/configmaps?resourceVersion=0",
+        "/api/v1/namespaces/b/secrets?resourceVersion=0",
+        "/api/v1/namespaces/a/pods?resourceVersion=0",
+        "/api/v1/namespaces/b/configmaps/cm-b?resourceVersion=0",
+        "/api/v1/namespaces/a/secrets/s2?resourceVersion=0",
+        "/api/v1/namespaces/a/pods/p1?resourceVersion=0",
+        "/api/v1/secrets?resourceVersion=0",
+        "/api/v1/configmaps?resourceVersion=0",
+        "/api/v1/pods?resourceVersion=0&fieldSelector=spec.nodeName%3Dnode2",
+    ];
+    for path in candidates {
+        if rng.chance(60) {
+            assert_eq!(
+                observe(&k.url, path, Some(ADMIN_TOKEN)).await.0,
+                200,
+                "{path}"
+            );
+        }
+    }
+    // The callers: service accounts in namespace a, with generated rules.
+    let verbs: [&[&str]; 5] = [
+        &["list"],
+        &["get"],
+        &["watch"],
+        &["list", "watch"],
+        &["get", "list", "watch"],
+    ];
+    let resources = ["configmaps", "secrets", "pods"];
+    let names = ["cm-a", "cm-b", "s1", "s2", "s3", "p1"];
+    let rbac = "/apis/rbac.authorization.k8s.io/v1";
+    let mut callers = Vec::new();
+    let mut debug_bindings = Vec::new();
+    for i in 0..6 {
+        let sa = format!("gen{i}");
+        support::create_as_admin(
+            cluster,
+            "/api/v1/namespaces/a/serviceaccounts",
+            json!({"metadata": {"name": sa}}),
+        )
+        .await;
+        let user = format!("system:serviceaccount:a:{sa}");
+        let mut rules = Vec::new();
+        for j in 0..rng.below(4) {
+            let mut rule = json!({
+                "apiGroups": [""],
+                "resources": [rng.pick(&resources)],
+                "verbs": verbs[rng.below(verbs.len())],
+            });
+            if rng.chance(25) {
+                rule["resourceNames"] = json!([rng.pick(&names)]);
+            }
+            let subject = if rng.chance(20) {
+                json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:serviceaccounts:a"})
+            } else {
+                json!({"kind": "ServiceAccount", "name": sa, "namespace": "a"})
+            };
+            let name = format!("gen-{i}-{j}");
+            let namespace = ["", "a", "b"][rng.below(3)];
+            let (role_kind, prefix) = if namespace.is_empty() {
+                ("ClusterRole", rbac.to_string())
+            } else {
+                ("Role", format!("{rbac}/namespaces/{namespace}"))
+            };
+            let plural = if namespace.is_empty() {
+                "clusterroles"
+            } else {
+                "roles"
+            };
+            let binding = if namespace.is_empty() {
+                "clusterrolebindings"
+            } else {
+                "rolebindings"
+            };
+            support::create_as_admin(
+                cluster,
+                &format!("{prefix}/{plural}"),
+                json!({"metadata": {"name": name}, "rules": [rule]}),
+            )
+            .await;
+            support::create_as_admin(
+                cluster,
+                &format!("{prefix}/{binding}"),
+                json!({
+                    "metadata": {"name": name},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": name},
+                    "subjects": [subject],
+                }),
+            )
+            .await;
+            rules.push(format!("{namespace}:{rule}"));
+        }
+        if rng.chance(80) {
+            debug_bindings.push(json!({"kind": "ServiceAccount", "name": sa, "namespace": "a"}));
+        }
+        let token = support::create_as_admin(
+            cluster,
+            &format!("/api/v1/namespaces/a/serviceaccounts/{sa}/token"),
+            json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}}),
+        )
+        .await["status"]["token"]
+            .as_str()
+            .expect("a service account token")
+            .to_string();
+        callers.push((user, rules, token));
+    }
+    // The debug endpoint's permission last: once the API server authorizes it for the
+    // accounts that have it, it has read every rule created before.
+    let debug_to = debug_bindings.len();
+    if debug_to > 0 {
+        support::create_as_admin(
+            cluster,
+            &format!("{rbac}/clusterrolebindings"),
+            json!({
+                "metadata": {"name": "gen-debug"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "debug"},
+                "subjects": debug_bindings,
+            }),
+        )
+        .await;
+    }
+    let direct = |path: String, token: String| async move {
+        insecure_http()
+            .get(format!("{}{path}", cluster.url))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("a request to the API server")
+            .status()
+            .as_u16()
+    };
+    // The API server has no /debug/keys: authorized, it answers 404; not, 403.
+    if debug_to > 0 {
+        let tokens: Vec<String> = callers.iter().map(|c| c.2.clone()).collect();
+        eventually(
+            "the API server reads the generated RBAC",
+            Duration::from_secs(30),
+            || {
+                let tokens = tokens.clone();
+                async move {
+                    let mut authorized = 0;
+                    for t in tokens {
+                        if direct("/debug/keys".into(), t).await == 404 {
+                            authorized += 1;
+                        }
+                    }
+                    authorized == debug_to
+                }
+            },
+        )
+        .await;
+    }
+    let (_, before) = keys_of(ADMIN_TOKEN).await;
+    // Every caller's view, with the fixed tokens' too.
+    let fixed = ["viewertoken", "nobodytoken", "node1token", "node2token"];
+    let mut views = Vec::new();
+    for (user, rules, token) in &callers {
+        views.push((
+            user.clone(),
+            rules.join(" "),
+            token.clone(),
+            keys_of(token).await,
+        ));
+    }
+    for token in fixed {
+        views.push((
+            token.to_string(),
+            String::new(),
+            token.to_string(),
+            keys_of(token).await,
+        ));
+    }
+    let (_, after) = keys_of(ADMIN_TOKEN).await;
+    let stable: BTreeSet<&String> = before.intersection(&after).collect();
+    let mut problems = Vec::new();
+    let (mut shown, mut hidden) = (0, 0);
+    for (user, rules, token, (code, view)) in &views {
+        let endpoint = direct("/debug/keys".into(), token.to_string()).await;
+        let want = if endpoint == 404 { 200 } else { 403 };
+        if *code != want {
+            problems.push(format!(
+                "{user}: /debug/keys {code}, the API server's {endpoint} says {want} ({rules})"
+            ));
+            continue;
+        }
+        for key in before.union(&after) {
+            let may = direct(key_list_path(key), token.to_string()).await == 200;
+            let seen = view.contains(key);
+            if seen && !may {
+                problems.push(format!(
+                    "{user}: sees {key}, which it may not list ({rules})"
+                ));
+            }
+            if !seen && may && stable.contains(key) && *code == 200 {
+                problems.push(format!(
+                    "{user}: does not see {key}, which it may list ({rules})"
+                ));
+            }
+            if *code == 200 && stable.contains(key) {
+                if seen {
+                    shown += 1
+                } else {
+                    hidden += 1
+                }
+            }
+        }
+    }
+    eprintln!(
+        "debug keys class: {} callers, {} keys, {shown} shown and {hidden} hidden",
+        views.len(),
+        stable.len()
+    );
+    assert!(
+        problems.is_empty(),
+        "seed {seed} (KCACHE_DEBUGKEYS_SEED): /debug/keys differs from the API server:\n{}",
+        problems.join("\n")
+    );
+    assert!(
+        shown > 0 && hidden > 0,
+        "seed {seed}: nothing judged both ways"
+    );
 }
