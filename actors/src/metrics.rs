@@ -199,12 +199,13 @@ pub const OWNERSHIP_CHANGES: [&str; 5] =
 pub const RESYNC_REASONS: [&str; 4] = ["start", "gap", "new-owner", "retry"];
 /// Every `reason` label of [`FLEET_REJECTED`] (`fleet::codec`, `fleet::key_task`,
 /// `fleet::presence`).
-pub const REJECTED_REASONS: [&str; 5] = [
+pub const REJECTED_REASONS: [&str; 6] = [
     "unauthenticated",
     "plaintext",
     "reply-subject",
     "unsigned",
     "forged",
+    "unconfirmed-epoch",
 ];
 
 /// Describes the fan-out metrics (only registered when kcache runs with `--nats`: a

@@ -597,9 +597,11 @@ async fn a_paused_owner_is_fenced_off() {
 
 /// A publisher without the fleet's signing key (a NATS user allowed to publish on the
 /// key's subject: a misconfigured account) forges events onto a mirrored key — unsigned,
-/// signed with a key of its own, and a replica's signature over another body. The mirror
-/// acts on none of them: they are refused and counted, its clients never see the forged
-/// objects, and it keeps following the owner.
+/// signed with a key of its own, and a replica's signature over another body — and a
+/// signing replica claims higher epochs the lease stream does not confirm (it holds no
+/// lease; an epoch the stream has not reached). The mirror acts on none of them: they are
+/// refused and counted, its clients never see the forged objects, and it keeps following
+/// the owner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mirror_acts_only_on_messages_its_fleet_signed() {
     use kcache_actors::core::sign::Signer;
@@ -626,7 +628,11 @@ async fn a_mirror_acts_only_on_messages_its_fleet_signed() {
             )
         }
     };
-    let (unsigned_before, forged_before) = (rejected("unsigned").await, rejected("forged").await);
+    let (unsigned_before, forged_before, unconfirmed_before) = (
+        rejected("unsigned").await,
+        rejected("forged").await,
+        rejected("unconfirmed-epoch").await,
+    );
 
     let hostile = nats.client().await;
     let stranger = Signer::from_seed(&[9; 32]).expect("seed");
@@ -644,16 +650,28 @@ async fn a_mirror_acts_only_on_messages_its_fleet_signed() {
                 "data": {"injected": "yes"}}})
         ))
     };
-    for (i, name) in ["forged-unsigned", "forged-stranger", "forged-swapped"]
-        .into_iter()
-        .enumerate()
+    for (i, name) in [
+        "forged-unsigned",
+        "forged-stranger",
+        "forged-swapped",
+        "forged-no-lease",
+        "forged-future-epoch",
+    ]
+    .into_iter()
+    .enumerate()
     {
+        // Signed by the fleet's key, with an epoch the lease stream does not confirm.
+        let (epoch, owner) = match name {
+            "forged-no-lease" => (epoch + 1, "intruder"),
+            "forged-future-epoch" => (epoch + 1_000_000, "a"),
+            _ => (epoch, "a"),
+        };
         let frame = Frame {
             kind: Kind::Event,
             epoch,
             seq: seq + 1 + i as u64,
             rv: 999_999_999,
-            owner: "a".into(),
+            owner: owner.into(),
             chunk: None,
             key_id: None,
         };
@@ -663,7 +681,8 @@ async fn a_mirror_acts_only_on_messages_its_fleet_signed() {
             "forged-unsigned" => None,
             "forged-stranger" => Some(stranger.sign(&[&ad, &body])),
             // The fleet's own key, over another body than the one sent.
-            _ => Some(fleet_key.sign(&[&ad, b"{}\n"])),
+            "forged-swapped" => Some(fleet_key.sign(&[&ad, b"{}\n"])),
+            _ => Some(fleet_key.sign(&[&ad, &body])),
         };
         let mut headers = async_nats::HeaderMap::new();
         for (n, v) in frame.headers() {
@@ -679,11 +698,12 @@ async fn a_mirror_acts_only_on_messages_its_fleet_signed() {
     }
     hostile.flush().await.expect("flush");
     eventually(
-        "the mirror refused the three forged events",
+        "the mirror refused the five forged events",
         Duration::from_secs(20),
         || async {
             rejected("unsigned").await > unsigned_before
                 && rejected("forged").await >= forged_before + 2.0
+                && rejected("unconfirmed-epoch").await >= unconfirmed_before + 2.0
         },
     )
     .await;
@@ -705,4 +725,7 @@ async fn a_mirror_acts_only_on_messages_its_fleet_signed() {
         .collect();
     assert!(injected.is_empty(), "forged objects served: {injected:?}");
     assert_eq!(a.role(key).await, "owner");
+    // Still following a's epoch: the claimed ones fenced nobody off.
+    let info = b.key_info(key).await.expect("b's key");
+    assert_eq!(info["epoch"].as_u64(), Some(epoch), "{info}");
 }

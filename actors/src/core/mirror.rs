@@ -13,6 +13,12 @@
 //! If the owner of the highest epoch falls silent for longer than `stale_after_ms` (it
 //! died), a lower epoch is accepted again: this only matters if the lease bucket was lost
 //! and revisions restarted, and without it the key could never resume.
+//!
+//! A higher epoch fences off the current owner, so it is taken only once the lease stream
+//! confirms it ([`EpochGate`]): the key's lease is held by the message's owner and its
+//! revision has reached the epoch. A publisher that may write on the key's subjects but
+//! holds no lease (a misconfigured NATS account; a replica whose lease moved on) cannot
+//! fence off the real owner.
 
 use std::collections::VecDeque;
 
@@ -194,9 +200,127 @@ impl<T> Mirror<T> {
     }
 }
 
+/// What to do with a message of some epoch before the mirror sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Confirmed already (or not higher than what was): feed it to the mirror.
+    Pass,
+    /// Read the key's lease, then [`EpochGate::settle`].
+    Check,
+    /// This epoch failed a check a moment ago: drop the message (counted) until the next
+    /// check is due.
+    Refuse,
+}
+
+/// Confirms higher epochs against the lease stream, once per epoch; a failed check is
+/// tried again after `recheck_ms` (a lease read that lags, or a lease written a moment
+/// after the message was read), never more often.
+#[derive(Debug)]
+pub struct EpochGate {
+    /// The highest epoch the lease stream confirmed.
+    confirmed: u64,
+    /// The last failed check: its epoch and when.
+    failed: Option<(u64, u64)>,
+    recheck_ms: u64,
+}
+
+impl EpochGate {
+    pub fn new(recheck_ms: u64) -> Self {
+        EpochGate {
+            confirmed: 0,
+            failed: None,
+            recheck_ms,
+        }
+    }
+
+    pub fn admit(&self, epoch: u64, now_ms: u64) -> Gate {
+        if epoch <= self.confirmed {
+            return Gate::Pass;
+        }
+        match self.failed {
+            Some((e, at)) if e == epoch && now_ms.saturating_sub(at) < self.recheck_ms => {
+                Gate::Refuse
+            }
+            _ => Gate::Check,
+        }
+    }
+
+    /// The lease read for `epoch`, claimed by `owner`: `lease` is its revision and holder
+    /// (`None`: no lease; `Err`: unreadable). Confirmed when the holder is the owner and
+    /// the revision has reached the epoch (renewals only raise it).
+    pub fn settle(
+        &mut self,
+        epoch: u64,
+        owner: &str,
+        lease: Result<Option<(u64, &str)>, ()>,
+        now_ms: u64,
+    ) -> bool {
+        let confirmed = matches!(lease, Ok(Some((rev, holder))) if holder == owner && !owner.is_empty() && rev >= epoch);
+        if confirmed {
+            self.confirmed = self.confirmed.max(epoch);
+            self.failed = None;
+        } else {
+            self.failed = Some((epoch, now_ms));
+        }
+        confirmed
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn higher_epochs_pass_only_once_the_lease_stream_confirms_them() {
+        // (epoch, owner, lease, confirmed)
+        type Case = (
+            u64,
+            &'static str,
+            Result<Option<(u64, &'static str)>, ()>,
+            bool,
+        );
+        let table: &[Case] = &[
+            (5, "r1", Ok(Some((5, "r1"))), true),
+            // Renewed since: the revision only grows.
+            (5, "r1", Ok(Some((9, "r1"))), true),
+            // Another replica holds the lease.
+            (5, "r1", Ok(Some((9, "r2"))), false),
+            // An epoch the stream has not reached: forged or from a lost bucket's past.
+            (50, "r1", Ok(Some((9, "r1"))), false),
+            // No lease, an unreadable one, an unnamed owner.
+            (5, "r1", Ok(None), false),
+            (5, "r1", Err(()), false),
+            (5, "", Ok(Some((5, ""))), false),
+        ];
+        for (epoch, owner, lease, want) in table {
+            let mut gate = EpochGate::new(500);
+            assert_eq!(gate.admit(*epoch, 0), Gate::Check);
+            assert_eq!(
+                gate.settle(*epoch, owner, *lease, 0),
+                *want,
+                "{epoch} {owner} {lease:?}"
+            );
+            let after = if *want { Gate::Pass } else { Gate::Refuse };
+            assert_eq!(gate.admit(*epoch, 1), after, "{epoch} {owner} {lease:?}");
+        }
+    }
+
+    #[test]
+    fn a_confirmed_epoch_passes_lower_ones_and_a_failed_check_is_retried_later() {
+        let mut gate = EpochGate::new(500);
+        assert!(gate.settle(7, "r1", Ok(Some((7, "r1"))), 0));
+        // Lower and equal epochs are the mirror's to fence, not the gate's.
+        assert_eq!(gate.admit(3, 0), Gate::Pass);
+        assert_eq!(gate.admit(7, 0), Gate::Pass);
+        assert_eq!(gate.admit(8, 0), Gate::Check);
+        assert!(!gate.settle(8, "r2", Ok(Some((7, "r1"))), 1_000));
+        assert_eq!(gate.admit(8, 1_499), Gate::Refuse);
+        // Another epoch is checked at once; the failed one again once due.
+        assert_eq!(gate.admit(9, 1_100), Gate::Check);
+        assert_eq!(gate.admit(8, 1_500), Gate::Check);
+        assert!(gate.settle(8, "r2", Ok(Some((8, "r2"))), 1_500));
+        assert_eq!(gate.admit(8, 1_501), Gate::Pass);
+    }
 
     fn st(epoch: u64, seq: u64) -> Stamp {
         Stamp {

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, Semaphore};
 use super::codec::{self, Opener};
 use super::{Fleet, View};
 use crate::core::key::Key;
-use crate::core::mirror::{Input as MirrorInput, Mirror, Output, Resync, Stamp};
+use crate::core::mirror::{EpochGate, Gate, Input as MirrorInput, Mirror, Output, Resync, Stamp};
 use crate::core::object::{self, Schema, WireEvent};
 use crate::core::role::{self, Claimed, Effect, Input, RoleMachine, World};
 use crate::core::wire::{Kind, Reassembler};
@@ -33,6 +33,10 @@ type Body = (Kind, Bytes);
 
 /// Snapshot answers one owner may have in flight; further requests wait for a retry.
 const ANSWERS_IN_FLIGHT: usize = 2;
+
+/// How soon an epoch the lease stream did not confirm is checked again (the next
+/// heartbeat or retried snapshot after that brings the check).
+pub(super) const EPOCH_RECHECK_MS: u64 = 500;
 
 /// What the task holds for its current role.
 pub(super) enum Held {
@@ -133,6 +137,8 @@ pub(super) struct KeyTask {
     pub(super) snapshots: Recipient<TakeSnapshot>,
     pub(super) role: RoleMachine,
     pub(super) mirror: Mirror<Body>,
+    /// Higher epochs wait for the lease stream's word before the mirror sees them.
+    pub(super) gate: EpochGate,
     pub(super) held: Held,
 }
 
@@ -558,6 +564,9 @@ impl KeyTask {
                 return Ok(None);
             }
         };
+        if !self.epoch_confirmed(frame.epoch, &frame.owner).await {
+            return Ok(None);
+        }
         let stamp = Stamp {
             epoch: frame.epoch,
             seq: frame.seq,
@@ -582,6 +591,36 @@ impl KeyTask {
             self.request_snapshot().await;
         }
         Ok((!stale).then_some(Input::Heard))
+    }
+
+    /// Whether a message of `epoch` from `owner` may reach the mirror: a higher epoch
+    /// than the lease stream confirmed is read against the key's lease first
+    /// (`core::mirror::EpochGate`); refused ones are counted and dropped.
+    async fn epoch_confirmed(&mut self, epoch: u64, owner: &str) -> bool {
+        let now = self.fleet.now_ms();
+        let confirmed = match self.gate.admit(epoch, now) {
+            Gate::Pass => return true,
+            Gate::Refuse => false,
+            Gate::Check => {
+                let lease = self.fleet.leases.current(&self.token).await;
+                let read = match &lease {
+                    Ok(l) => Ok(l.as_ref().map(|(rev, holder)| (*rev, holder.as_str()))),
+                    Err(error) => {
+                        tracing::debug!(key = %self.key, %error, "cannot read the lease to confirm an epoch");
+                        Err(())
+                    }
+                };
+                let ok = self.gate.settle(epoch, owner, read, self.fleet.now_ms());
+                if !ok {
+                    tracing::warn!(key = %self.key, epoch, owner, lease = ?lease, "refused messages of an epoch the lease stream does not confirm");
+                }
+                ok
+            }
+        };
+        if !confirmed {
+            metrics::counter!(m::FLEET_REJECTED, "reason" => "unconfirmed-epoch").increment(1);
+        }
+        confirmed
     }
 
     async fn on_reply(&mut self, msg: Option<Message>) -> Result<Option<Input>, Gone> {
@@ -630,6 +669,12 @@ impl KeyTask {
                 return Ok(None);
             }
         };
+        if !self.epoch_confirmed(frame.epoch, &frame.owner).await {
+            if let Held::Mirror(f) = &mut self.held {
+                f.snapshot_due = Instant::now() + Duration::from_millis(EPOCH_RECHECK_MS);
+            }
+            return Ok(None);
+        }
         let stamp = Stamp {
             epoch: frame.epoch,
             seq: frame.seq,

@@ -136,7 +136,7 @@ impl Leases {
     }
 
     /// The key's lease: its revision and holder, `None` when there is none.
-    async fn current(&self, token: &str) -> Result<Option<(u64, String)>, String> {
+    pub async fn current(&self, token: &str) -> Result<Option<(u64, String)>, String> {
         self.ensure().await?;
         let subject = format!("$JS.API.STREAM.MSG.GET.{}", self.stream());
         let body = serde_json::json!({

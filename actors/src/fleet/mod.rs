@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::NatsConfig;
 use crate::core::key::Key;
-use crate::core::mirror::Mirror;
+use crate::core::mirror::{EpochGate, Mirror};
 use crate::core::role::{RoleMachine, Timing};
 use crate::core::seal::Keyring;
 use crate::core::sign::{Signer, Verifier};
@@ -243,6 +243,7 @@ impl SourceFactory for FleetSource {
             token,
             role: RoleMachine::new(fleet.timing()),
             mirror: Mirror::new(stale_after, fleet.cfg.mirror_buffer),
+            gate: EpochGate::new(key_task::EPOCH_RECHECK_MS),
             fleet,
             key: key.clone(),
             status: status.clone(),
