@@ -67,11 +67,7 @@ pub fn cert_auth(req: &HttpRequest) -> CertAuth {
         }) => CertAuth::User(UserInfo {
             username: name.clone(),
             uid: uid.clone(),
-            groups: groups
-                .iter()
-                .cloned()
-                .chain(["system:authenticated".to_string()])
-                .collect(),
+            groups: crate::auth::with_authenticated_group(name, groups.clone()),
             extra: extra.clone(),
         }),
         Ok(Identity::Nobody) => CertAuth::None,

@@ -45,6 +45,19 @@ impl UserInfo {
     }
 }
 
+/// Go's `AuthenticatedGroupAdder`, which the API server wraps around its authenticators
+/// (the x509 one included): `system:authenticated` is added to a user's groups unless the
+/// user is `system:anonymous` or already has `system:authenticated` or
+/// `system:unauthenticated`.
+pub fn with_authenticated_group(name: &str, mut groups: Vec<String>) -> Vec<String> {
+    let has = |g: &str| groups.iter().any(|x| x == g);
+    if name != "system:anonymous" && !has("system:authenticated") && !has("system:unauthenticated")
+    {
+        groups.push("system:authenticated".into());
+    }
+    groups
+}
+
 pub struct Authenticator {
     client: kube::Client,
     /// SHA-256 of the token → user, or `None` for a token the upstream rejected.
@@ -157,6 +170,34 @@ impl Authenticator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_authenticated_group_is_added_as_go_adds_it() {
+        let table: &[(&str, &[&str], &[&str])] = &[
+            ("bob", &[], &["system:authenticated"]),
+            ("bob", &["g"], &["g", "system:authenticated"]),
+            (
+                "bob",
+                &["system:authenticated", "g"],
+                &["system:authenticated", "g"],
+            ),
+            (
+                "bob",
+                &["system:unauthenticated"],
+                &["system:unauthenticated"],
+            ),
+            ("system:anonymous", &["g"], &["g"]),
+            ("system:anonymous", &[], &[]),
+        ];
+        for (name, groups, want) in table {
+            let given = groups.iter().map(|g| g.to_string()).collect();
+            assert_eq!(
+                with_authenticated_group(name, given),
+                *want,
+                "{name} {groups:?}"
+            );
+        }
+    }
 
     #[test]
     fn bearer_parsing() {

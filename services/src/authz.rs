@@ -182,9 +182,17 @@ impl Authorizer {
     }
 }
 
-/// The API server's 403 for a denied request (`responsewriters.ForbiddenStatus`); every
-/// name in it printed as Go's `%q` prints it.
+/// The API server's 403 for a denied request (`responsewriters.ForbiddenStatusError` and
+/// `apierrors.NewForbidden`): every name printed as Go's `%q` prints it, `&`, `<` and `>`
+/// of the "User … cannot …" part escaped as HTML entities (the API server's sanitizer; the
+/// reason is not), and the subject qualified by its group (`endpointslices.discovery.k8s.io
+/// "x" is forbidden`).
 pub fn forbidden(user: &UserInfo, attrs: &Attributes, reason: &str) -> ApiError {
+    let sanitize = |s: String| {
+        s.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    };
     let mut msg = match attrs {
         Attributes::Resource {
             verb,
@@ -200,27 +208,36 @@ pub fn forbidden(user: &UserInfo, attrs: &Attributes, reason: &str) -> ApiError 
             } else {
                 format!("{resource}/{subresource}")
             };
-            let subject = if name.is_empty() {
-                full.clone()
+            let qualified = if group.is_empty() {
+                resource.clone()
             } else {
-                format!("{full} {}", go_quote(name))
+                format!("{resource}.{group}")
+            };
+            let subject = if name.is_empty() {
+                qualified
+            } else {
+                format!("{qualified} {}", go_quote(name))
             };
             let scope = if namespace.is_empty() {
                 "at the cluster scope".to_string()
             } else {
                 format!("in the namespace {}", go_quote(namespace))
             };
-            format!(
-                "{subject} is forbidden: User {} cannot {verb} resource {} in API group {} {scope}",
+            let why = format!(
+                "User {} cannot {verb} resource {} in API group {} {scope}",
                 go_quote(&user.username),
                 go_quote(&full),
                 go_quote(group),
-            )
+            );
+            format!("{subject} is forbidden: {}", sanitize(why))
         }
         Attributes::NonResource { verb, path } => format!(
-            "forbidden: User {} cannot {verb} path {}",
-            go_quote(&user.username),
-            go_quote(path),
+            "forbidden: {}",
+            sanitize(format!(
+                "User {} cannot {verb} path {}",
+                go_quote(&user.username),
+                go_quote(path),
+            ))
         ),
     };
     if !reason.is_empty() {
@@ -347,11 +364,22 @@ mod tests {
             (res("watch", "", ""), "", "secrets is forbidden: User \"viewer\" cannot watch resource \"secrets\" in API group \"\" at the cluster scope"),
             (res("get", "n", "s"), "no relationship found", "secrets \"s\" is forbidden: User \"viewer\" cannot get resource \"secrets\" in API group \"\" in the namespace \"n\": no relationship found"),
             (Attributes::NonResource { verb: "get".into(), path: "/metrics".into() }, "", "forbidden: User \"viewer\" cannot get path \"/metrics\""),
+            // A group qualifies the subject, not the resource named after "cannot".
+            (Attributes::Resource { verb: "list".into(), group: "discovery.k8s.io".into(), version: "v1".into(), resource: "endpointslices".into(), subresource: String::new(), namespace: "n".into(), name: "e<1>".into(), field_selector: String::new(), label_selector: String::new() }, "a<b", "endpointslices.discovery.k8s.io \"e<1>\" is forbidden: User \"viewer\" cannot list resource \"endpointslices\" in API group \"discovery.k8s.io\" in the namespace \"n\": a<b"),
         ];
         for (attrs, reason, want) in cases {
             let e = forbidden(&user(), &attrs, reason);
             assert_eq!(e.code, 403);
             assert_eq!(e.message, want);
         }
+        // Names as Go's %q prints them; the HTML sanitizer on the user's part only.
+        let odd = UserInfo {
+            username: "a&b<\n".into(),
+            ..user()
+        };
+        assert_eq!(
+            forbidden(&odd, &res("get", "n", "s\u{0}"), "").message,
+            "secrets \"s\\x00\" is forbidden: User \"a&amp;b&lt;\\n\" cannot get resource \"secrets\" in API group \"\" in the namespace \"n\""
+        );
     }
 }

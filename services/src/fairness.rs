@@ -11,6 +11,7 @@
 //! or list's whole answer (a list's body is written as the seat is held), a watch's start
 //! (a watch's life is bounded by the watch caps, `crate::limits`, instead).
 
+use kcache_actors::core::go_quote::go_quote;
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
@@ -255,7 +256,8 @@ impl Fairness {
                 Effect::Refuse(_) => {
                     metrics::counter!(REJECTED, "reason" => "queue_full").increment(1);
                     return Err(too_many_requests(format!(
-                        "too many requests from user {user:?} waiting for this kcache replica's cache; please try again later"
+                        "too many requests from user {} waiting for this kcache replica's cache; please try again later",
+                        go_quote(user)
                     )));
                 }
                 Effect::Wait(_) => {
@@ -283,7 +285,8 @@ impl Fairness {
             _ => {
                 metrics::counter!(REJECTED, "reason" => "timeout").increment(1);
                 Err(too_many_requests(format!(
-                    "requests from user {user:?} waited too long for this kcache replica's cache; please try again later"
+                    "requests from user {} waited too long for this kcache replica's cache; please try again later",
+                    go_quote(user)
                 )))
             }
         }

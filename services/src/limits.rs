@@ -3,6 +3,7 @@
 //! `Retry-After`, instead of queueing. Each open watch holds a [`WatchPermit`]; dropping it
 //! (when the watcher stops) frees the slot.
 
+use kcache_actors::core::go_quote::go_quote;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -91,7 +92,8 @@ impl WatchLimits {
         if self.max_per_user > 0 && mine >= self.max_per_user {
             metrics::counter!(WATCHES_REJECTED, "reason" => "user_limit").increment(1);
             return Err(refuse(format!(
-                "too many watches for user {user:?} (limit {})",
+                "too many watches for user {} (limit {})",
+                go_quote(user),
                 self.max_per_user
             )));
         }

@@ -277,8 +277,9 @@ impl ImpersonationScope {
                 .any(|p| user.username.starts_with(p.as_str()))
         {
             return Some(format!(
-                "kcache forwards only client-certificate users named {:?}…; {:?} must use a bearer token or the API server directly",
-                self.user_prefixes, user.username
+                "kcache forwards only client-certificate users named {:?}…; {} must use a bearer token or the API server directly",
+                self.user_prefixes,
+                kcache_actors::core::go_quote::go_quote(&user.username)
             ));
         }
         if !self.groups.is_empty() {
@@ -290,8 +291,9 @@ impl ImpersonationScope {
                 .find(|g| *g != "system:authenticated" && !self.groups.contains(g))
             {
                 return Some(format!(
-                    "kcache forwards only client-certificate groups {:?}; group {g:?} must use the API server directly",
-                    self.groups
+                    "kcache forwards only client-certificate groups {:?}; group {} must use the API server directly",
+                    self.groups,
+                    kcache_actors::core::go_quote::go_quote(g)
                 ));
             }
         }
@@ -313,6 +315,15 @@ fn header_exact(value: &str) -> bool {
 /// API server would have authorized the certificate's own); `docs/security.md`.
 fn unforwardable(user: &crate::auth::UserInfo) -> Option<String> {
     let quote = kcache_actors::core::go_quote::go_quote;
+    // The API server always gives an impersonated system:anonymous the group
+    // system:unauthenticated, which a certificate naming it may not carry.
+    if user.username == "system:anonymous"
+        && !user.groups.iter().any(|g| g == "system:unauthenticated")
+    {
+        return Some(
+            "kcache cannot forward user \"system:anonymous\" to the API server without the group system:unauthenticated (the API server would add it); use the API server directly".into(),
+        );
+    }
     if !header_exact(&user.username) {
         return Some(format!(
             "kcache cannot forward user {} to the API server: an HTTP header cannot carry the name unchanged (leading or trailing space, or a control character); use the API server directly",
@@ -795,6 +806,8 @@ mod tests {
             ("b\u{7f}", &[], false),
             ("bob", &["system:nodes "], false),
             ("bob", &["g\r\n"], false),
+            ("system:anonymous", &["g"], false),
+            ("system:anonymous", &["system:unauthenticated"], true),
         ];
         for &(name, groups, forwarded) in table {
             assert_eq!(

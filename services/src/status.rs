@@ -61,14 +61,20 @@ impl ApiError {
         Self::new(401, "Unauthorized", "Unauthorized")
     }
 
-    /// `secrets "x" not found`, with the details the API server adds (`group` only when
-    /// there is one: the core group's is omitted, as Go's `omitempty` does).
+    /// `secrets "x" not found` (`endpointslices.discovery.k8s.io "x"` in a group), with the
+    /// details the API server adds (`group` only when there is one: the core group's is
+    /// omitted, as Go's `omitempty` does).
     pub fn not_found(group: &str, resource: &str, name: &str) -> Self {
+        let qualified = if group.is_empty() {
+            resource.to_string()
+        } else {
+            format!("{resource}.{group}")
+        };
         let mut e = Self::new(
             404,
             "NotFound",
             format!(
-                "{resource} {} not found",
+                "{qualified} {} not found",
                 kcache_actors::core::go_quote::go_quote(name)
             ),
         );

@@ -44,6 +44,7 @@ const VALUES: &[&str] = &[
     "system:masters",
     "system:authenticated",
     "system:anonymous",
+    "system:unauthenticated",
     "Bob",
     "bob ",
     " bob",
@@ -119,7 +120,8 @@ fn generated_subject(
 
 /// Whether kcache may refuse to forward this subject's identity (its documented
 /// difference): the user Go names (the last CN, when not empty) or one of its groups (the
-/// O values) cannot ride in an HTTP header unchanged.
+/// O values) cannot ride in an HTTP header unchanged, or the user is `system:anonymous`
+/// without `system:unauthenticated` (which the API server adds to it when impersonated).
 fn header_cannot_carry(subject: &[(&'static [u64], &'static str)]) -> bool {
     let unsafe_value = |s: &str| {
         s.starts_with([' ', '\t'])
@@ -129,7 +131,14 @@ fn header_cannot_carry(subject: &[(&'static [u64], &'static str)]) -> bool {
     let user = subject.iter().rev().find(|(oid, _)| *oid == CN);
     match user {
         Some((_, u)) if !u.is_empty() => {
-            unsafe_value(u) || subject.iter().any(|(oid, v)| *oid == O && unsafe_value(v))
+            let groups: Vec<&str> = subject
+                .iter()
+                .filter(|(oid, _)| *oid == O)
+                .map(|(_, v)| *v)
+                .collect();
+            unsafe_value(u)
+                || groups.iter().any(|g| unsafe_value(g))
+                || (*u == "system:anonymous" && !groups.contains(&"system:unauthenticated"))
         }
         _ => false,
     }
@@ -203,6 +212,25 @@ async fn certificate_identities_are_the_api_servers() {
         &cluster,
         "/apis/rbac.authorization.k8s.io/v1/namespaces/ids/roles",
         json!({"metadata": {"name": "read"}, "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}]}),
+    )
+    .await;
+    // Every authenticated user may get cm1: a certificate whose groups lack
+    // system:authenticated (a user named system:anonymous, a group system:unauthenticated)
+    // may not.
+    create_as_admin(
+        &cluster,
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/ids/roles",
+        json!({"metadata": {"name": "get-cm1"}, "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["cm1"], "verbs": ["get"]}]}),
+    )
+    .await;
+    create_as_admin(
+        &cluster,
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/ids/rolebindings",
+        json!({
+            "metadata": {"name": "get-cm1"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "get-cm1"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:authenticated"}],
+        }),
     )
     .await;
     create_as_admin(
@@ -361,9 +389,30 @@ async fn certificate_identities_are_the_api_servers() {
         (
             "a service account's name without its groups",
             vec![(CN, utf8("system:serviceaccount:ids:default"))],
+            cms,
+            None,
+            Some(403),
+        ),
+        (
+            "a user named system:anonymous is not authenticated",
+            vec![(CN, utf8("system:anonymous"))],
             "/api/v1/namespaces/ids/configmaps/cm1",
             None,
             Some(403),
+        ),
+        (
+            "a group system:unauthenticated: no system:authenticated",
+            vec![(CN, utf8("carol")), (O, utf8("system:unauthenticated"))],
+            "/api/v1/namespaces/ids/configmaps/cm1",
+            None,
+            Some(403),
+        ),
+        (
+            "an ordinary user is authenticated",
+            vec![(CN, utf8("carol"))],
+            "/api/v1/namespaces/ids/configmaps/cm1",
+            None,
+            Some(200),
         ),
         (
             "two node names: the last one",
