@@ -107,6 +107,8 @@ fi
 # user, would refuse the simultaneous starts of thousands of clients that in a cluster
 # each wait in a queue of their own. Lifted in every scenario.
 caps='[server]\ncache_queue_per_user = 1000000\n'
+# An experiment's extra [server] lines (e.g. 'cache_seats = 2'), recorded with the rest.
+[[ -n ${KCACHE_BENCH_SERVER_TOML:-} ]] && caps+="${KCACHE_BENCH_SERVER_TOML}\n"
 if [[ $scenario == scale || $scenario == coalesce ]]; then
   # 50,000+ watches of one user (the bench token) exceed kcache's default per-user caps
   # (watches, and keys: 10,000 per user, which 200,000 watches over 20,000 Secrets pass).
