@@ -1,5 +1,6 @@
 //! `as=Table` answers for `kubectl get`, printed with kube-apiserver 1.20's default columns.
 
+use kcache_actors::core::time::format_rfc3339;
 use serde_json::{json, Map, Value};
 use thiserror::Error;
 
@@ -254,101 +255,9 @@ impl IncludeObject {
 /// creationTimestamp decodes to, and what the printers treat as "unknown".
 const ZERO_TIME: i64 = -62_135_596_800;
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (Hinnant's days_from_civil).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// The inverse of [`days_from_civil`].
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
-fn is_leap(y: i64) -> bool {
-    y % 4 == 0 && (y % 100 != 0 || y % 400 == 0)
-}
-
-/// Unix seconds of an RFC 3339 timestamp as metav1.Time accepts it
-/// (`2021-01-13T13:18:24Z`, optionally with fractional seconds or a numeric offset).
+/// Unix seconds of an RFC 3339 timestamp as metav1.Time accepts it (`core::time`).
 fn parse_rfc3339(s: &str) -> Option<i64> {
-    let field = |from: usize, to: usize| -> Option<i64> {
-        let t = s.get(from..to)?;
-        t.bytes()
-            .all(|b| b.is_ascii_digit())
-            .then(|| t.parse().ok())
-            .flatten()
-    };
-    let sep = |at: usize, allowed: &[u8]| s.as_bytes().get(at).is_some_and(|b| allowed.contains(b));
-    if !(sep(4, b"-") && sep(7, b"-") && sep(10, b"Tt") && sep(13, b":") && sep(16, b":")) {
-        return None;
-    }
-    let (y, mo, d) = (field(0, 4)?, field(5, 7)?, field(8, 10)?);
-    let (h, mi, se) = (field(11, 13)?, field(14, 16)?, field(17, 19)?);
-    let month_days = match mo {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if is_leap(y) => 29,
-        2 => 28,
-        _ => return None,
-    };
-    if d < 1 || d > month_days || h > 23 || mi > 59 || se > 59 {
-        return None;
-    }
-    let mut rest = s.get(19..)?;
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return None;
-        }
-        rest = frac.get(digits..)?;
-    }
-    let offset = match rest {
-        "Z" | "z" => 0,
-        _ => {
-            let sign = match rest.as_bytes().first() {
-                Some(b'+') => 1,
-                Some(b'-') => -1,
-                _ => return None,
-            };
-            // `rest` is the tail of `s`, so its `±HH:MM` starts at `base` in `s`.
-            let base = s.len() - rest.len();
-            if rest.len() != 6 || !sep(base + 3, b":") {
-                return None;
-            }
-            let (oh, om) = (field(base + 1, base + 3)?, field(base + 4, base + 6)?);
-            if oh > 23 || om > 59 {
-                return None;
-            }
-            sign * (oh * 3600 + om * 60)
-        }
-    };
-    Some(days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + se - offset)
-}
-
-/// Go's `t.UTC().Format(time.RFC3339)` for whole seconds.
-fn format_rfc3339(secs: i64) -> String {
-    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
-    let t = secs.rem_euclid(86_400);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        t / 3600,
-        t / 60 % 60,
-        t % 60
-    )
+    kcache_actors::core::time::parse_rfc3339(s).map(|(secs, _)| secs)
 }
 
 /// The object's creationTimestamp, or None when it is missing, unreadable, or Go's zero time.

@@ -31,6 +31,7 @@ pub mod selector;
 pub mod sign;
 pub mod store;
 pub mod subject;
+pub mod time;
 pub mod upstream;
 pub mod window;
 pub mod wire;

@@ -398,7 +398,7 @@ impl ValueSeed<'_> {
     }
 
     fn timestamp<E: de::Error>(self, s: &str, micro: bool) -> Result<(), E> {
-        let (secs, nanos) = super::time::parse_rfc3339(s)
+        let (secs, nanos) = crate::core::time::parse_rfc3339(s)
             .ok_or_else(|| de::Error::custom(format_args!("invalid time {s:?}")))?;
         let body = begin_len(self.out, self.number);
         put_tag(self.out, 1, VARINT);
@@ -481,7 +481,7 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
             Ty::Special(Special::Time) => return self.timestamp(v, false),
             Ty::Special(Special::MicroTime) => return self.timestamp(v, true),
             Ty::Special(Special::Duration) => {
-                let nanos = super::time::parse_go_duration(v)
+                let nanos = crate::core::time::parse_go_duration(v)
                     .ok_or_else(|| de::Error::custom(format_args!("invalid duration {v:?}")))?;
                 let body = begin_len(self.out, self.number);
                 put_tag(self.out, 1, VARINT);

@@ -13,7 +13,6 @@
 pub mod codec;
 pub mod encode;
 pub mod schema;
-pub mod time;
 
 use thiserror::Error;
 

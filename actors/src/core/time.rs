@@ -1,8 +1,17 @@
-//! The two text forms of time the Kubernetes JSON carries: RFC 3339 timestamps (`Time`,
-//! `MicroTime`) and Go duration strings (`Duration`), read as protobuf stores them.
+//! Time as the Kubernetes API writes it, in one place for protobuf, tables and audit: RFC
+//! 3339 timestamps (`Time`, `MicroTime`) read as Go's `time.Parse(time.RFC3339, …)` reads
+//! them and written as Go formats them, and Go duration strings (`Duration`). The
+//! calendar is jiff's; the shapes Go accepts are checked here, as jiff accepts more (a
+//! space for `T`, `+0200`).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use jiff::civil::DateTime;
 
 /// Seconds since the Unix epoch and nanoseconds of an RFC 3339 timestamp
-/// (`2006-01-02T15:04:05Z`, `…05.123456Z`, `…05+02:00`); `None` if it is not one.
+/// (`2006-01-02T15:04:05Z`, `…05.123456Z`, `…05+02:00`), as Go's parser reads it: fixed
+/// positions, a real calendar date, any number of fractional digits (the first nine
+/// count); `None` if it is not one.
 pub fn parse_rfc3339(s: &str) -> Option<(i64, u32)> {
     let b = s.as_bytes();
     if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't') {
@@ -19,21 +28,15 @@ pub fn parse_rfc3339(s: &str) -> Option<(i64, u32)> {
     };
     let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
     let (hour, min, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&month) || day < 1 || day > days_in_month(year, month) {
-        return None;
-    }
-    if hour > 23 || min > 59 || sec > 59 {
-        return None;
-    }
     let mut rest = &s[19..];
     let mut nanos = 0u32;
     if let Some(frac) = rest.strip_prefix('.') {
         let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 || digits > 9 {
+        if digits == 0 {
             return None;
         }
-        let scale = 10u32.pow(9 - digits as u32);
-        nanos = frac[..digits].parse::<u32>().ok()? * scale;
+        let kept = &frac[..digits.min(9)];
+        nanos = kept.parse::<u32>().ok()? * 10u32.pow(9 - kept.len() as u32);
         rest = &frac[digits..];
     }
     let offset = match rest {
@@ -56,32 +59,64 @@ pub fn parse_rfc3339(s: &str) -> Option<(i64, u32)> {
             }
         }
     };
-    let days = days_from_civil(year, month, day);
+    // jiff refuses what is not a date or a time of day (Feb 30, hour 24, second 60).
+    let local = DateTime::new(
+        i16::try_from(year).ok()?,
+        i8::try_from(month).ok()?,
+        i8::try_from(day).ok()?,
+        i8::try_from(hour).ok()?,
+        i8::try_from(min).ok()?,
+        i8::try_from(sec).ok()?,
+        0,
+    )
+    .ok()?;
+    // Days from the epoch by jiff's calendar (a Timestamp stops short of 9999-12-31,
+    // which Go reads).
+    let days = i64::from(
+        jiff::civil::date(1970, 1, 1)
+            .until((jiff::Unit::Day, local.date()))
+            .ok()?
+            .get_days(),
+    );
     Some((days * 86_400 + hour * 3600 + min * 60 + sec - offset, nanos))
 }
 
-fn is_leap(y: i64) -> bool {
-    y % 4 == 0 && (y % 100 != 0 || y % 400 == 0)
+/// Go's `t.UTC().Format(time.RFC3339)` of whole seconds since the epoch
+/// (`2021-01-13T13:18:24Z`); years 1 to 9999 (else Go's zero time).
+pub fn format_rfc3339(secs: i64) -> String {
+    civil(secs).map_or_else(
+        || "0001-01-01T00:00:00Z".into(),
+        |(date, t)| format!("{}T{}Z", ymd(date), hms(t)),
+    )
 }
 
-fn days_in_month(y: i64, m: i64) -> i64 {
-    match m {
-        2 if is_leap(y) => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
+/// RFC 3339 UTC with microseconds, as the API server writes audit timestamps
+/// (`metav1.MicroTime`): `2026-11-28T12:00:00.000042Z`.
+pub fn format_rfc3339_micros(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+    civil(secs).map_or_else(
+        || "9999-12-31T23:59:59.999999Z".into(),
+        |(date, t)| format!("{}T{}.{:06}Z", ymd(date), hms(t), d.subsec_micros()),
+    )
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+/// The UTC date of `secs` by jiff's calendar, and the second of that day. (A jiff
+/// Timestamp stops short of 9999-12-31, which Go writes.)
+fn civil(secs: i64) -> Option<(jiff::civil::Date, i64)> {
+    let days = secs.div_euclid(86_400);
+    let date = jiff::civil::date(1970, 1, 1)
+        .checked_add(jiff::Span::new().try_days(days).ok()?)
+        .ok()?;
+    (date.year() >= 1).then_some((date, secs.rem_euclid(86_400)))
+}
+
+fn ymd(d: jiff::civil::Date) -> String {
+    format!("{:04}-{:02}-{:02}", d.year(), d.month(), d.day())
+}
+
+fn hms(t: i64) -> String {
+    format!("{:02}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
 }
 
 /// Nanoseconds of a Go duration string (`1h30m`, `1.5s`, `-300ms`, `0`), as Go's
@@ -169,9 +204,44 @@ mod tests {
             ("2021-01-15T10:20:3xZ", None),
             ("", None),
             ("2021-01-15T10:20:30+0200", None),
+            ("2021-01-15T24:00:00Z", None),
+            ("2021-01-15T10:60:00Z", None),
+            ("2021-01-15T10:20:60Z", None),
+            ("2021-01-15T10:20:30+24:00", None),
+            ("2021-01-15t10:20:30z", Some((1_610_706_030, 0))),
+            // Go keeps the first nine fractional digits.
+            (
+                "2021-01-15T10:20:30.1234567891Z",
+                Some((1_610_706_030, 123_456_789)),
+            ),
+            ("9999-12-31T23:59:59Z", Some((253_402_300_799, 0))),
         ] {
             assert_eq!(parse_rfc3339(s), want, "{s}");
         }
+    }
+
+    #[test]
+    fn formats_as_go() {
+        for (secs, want) in [
+            (0, "1970-01-01T00:00:00Z"),
+            (-62_135_596_800, "0001-01-01T00:00:00Z"),
+            (951_782_400, "2000-02-29T00:00:00Z"),
+            (1_610_706_030, "2021-01-15T10:20:30Z"),
+            (253_402_300_799, "9999-12-31T23:59:59Z"),
+        ] {
+            assert_eq!(format_rfc3339(secs), want);
+            assert_eq!(parse_rfc3339(want), Some((secs, 0)));
+        }
+        let at =
+            |secs: u64, micros: u32| UNIX_EPOCH + std::time::Duration::new(secs, micros * 1_000);
+        assert_eq!(
+            format_rfc3339_micros(UNIX_EPOCH),
+            "1970-01-01T00:00:00.000000Z"
+        );
+        assert_eq!(
+            format_rfc3339_micros(at(951_868_801, 42)),
+            "2000-03-01T00:00:01.000042Z"
+        );
     }
 
     #[test]
