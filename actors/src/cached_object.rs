@@ -19,16 +19,15 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::config::CacheConfig;
 use crate::core::backfill::{self, Replay};
-use crate::core::bookmark::{next_bookmark_time, BookmarkTimer};
 use crate::core::coalesce;
-use crate::core::dispatch_index::DispatchIndex;
 use crate::core::event::{StoreEvent, BACKFILLED_SEQ};
-use crate::core::key::{Key, Scope};
+use crate::core::key::Key;
 use crate::core::key_machine::{self, Continue, Effect, Failure, Input, KeyMachine, WatchStart};
 use crate::core::object::EventType;
 use crate::core::object::Object;
 use crate::core::relist;
 use crate::core::store::Store;
+use crate::core::watchers::{Entry, Watchers};
 use crate::core::window::{self, Window};
 use crate::feed::{
     KeyStatus, OwnerSnapshot, ReplayCmd, Role, SourceCmd, SourceFactory, SourceHandle, SourceMsg,
@@ -122,17 +121,6 @@ pub struct Stop;
 #[rtype(result = "()")]
 pub struct Drain;
 
-struct WatcherEntry {
-    link: WatcherLink,
-    allow_bookmarks: bool,
-    deadline_ms: Option<u64>,
-    /// Gets events and bookmarks: its initial events or replay are written (see
-    /// `watcher`'s backlog). Until then it is only closed with the key.
-    live: bool,
-    /// The key the watch asked for, when this key covers it.
-    asked: Option<Box<Key>>,
-}
-
 /// A read or watch waiting for the key to be fresh enough (`KeyMachine` decides when).
 enum Waiter {
     Read(oneshot::Sender<Result<Snapshot>>),
@@ -150,10 +138,9 @@ pub struct CachedObject {
     /// Synced, progress RV, waits and probes.
     machine: KeyMachine,
     seq: u64,
-    watchers: HashMap<u64, WatcherEntry>,
-    /// Which watchers an event of a given object name can concern (`core::dispatch_index`).
-    dispatch_index: DispatchIndex,
-    bookmarks: BookmarkTimer<u64>,
+    /// Who watches, who is live, whom an event concerns, whose bookmark is due
+    /// (`core::watchers`); the links to send to are in its entries.
+    watchers: Watchers<WatcherLink>,
     /// The clients behind the machine's waits, by wait id.
     waiting: HashMap<u64, Waiter>,
     next_wait: u64,
@@ -186,6 +173,7 @@ impl CachedObject {
             sync_ms: cfg.sync_timeout().as_millis() as u64,
             probe_interval_ms: cfg.probe_interval().as_millis() as u64,
         });
+        let bookmark_every_ms = cfg.bookmark_frequency().as_millis() as u64;
         let labels = [
             ("group", key.resource.group.clone()),
             ("resource", key.resource.resource.clone()),
@@ -200,9 +188,7 @@ impl CachedObject {
             window,
             machine,
             seq: 0,
-            watchers: HashMap::new(),
-            dispatch_index: DispatchIndex::default(),
-            bookmarks: BookmarkTimer::default(),
+            watchers: Watchers::new(bookmark_every_ms),
             waiting: HashMap::new(),
             next_wait: 0,
             backfill: Vec::new(),
@@ -405,18 +391,8 @@ impl CachedObject {
             .replayable_from
             .store(self.window.replayable_from(), Ordering::Relaxed);
         let mut slow = Vec::new();
-        if self.dispatch_index.stale(self.watchers.len()) {
-            self.dispatch_index.rebuild(
-                self.watchers
-                    .iter()
-                    .map(|(id, w)| (*id, bound_name(w.asked.as_deref()))),
-            );
-        }
-        for id in self.dispatch_index.candidates(ev.object.name()) {
-            let Some(w) = self.watchers.get(&id).filter(|w| w.live) else {
-                continue;
-            };
-            match w.link.try_send(ToWatcher::Dispatch(ev.clone())) {
+        for (id, link) in self.watchers.concerned(ev.object.name()) {
+            match link.try_send(ToWatcher::Dispatch(ev.clone())) {
                 Ok(()) => {}
                 Err(SendError::Full(_)) => slow.push(id),
                 // Already stopping; its Unsubscribe is on the way.
@@ -449,7 +425,7 @@ impl CachedObject {
     }
 
     fn terminate(&mut self, id: u64) {
-        if let Some(w) = self.watchers.remove(&id) {
+        if let Some(w) = self.watchers.remove(id) {
             self.status
                 .watchers
                 .store(self.watchers.len(), Ordering::Relaxed);
@@ -661,17 +637,9 @@ impl CachedObject {
         let deadline_ms = sub
             .deadline
             .map(|d| now + d.saturating_duration_since(Instant::now()).as_millis() as u64);
-        self.dispatch_index
-            .add(sub.id, bound_name(sub.asked.as_deref()));
         self.watchers.insert(
             sub.id,
-            WatcherEntry {
-                link: sub.link,
-                allow_bookmarks: sub.allow_bookmarks,
-                deadline_ms,
-                live: false,
-                asked: sub.asked,
-            },
+            Entry::new(sub.link, sub.allow_bookmarks, deadline_ms, sub.asked),
         );
         self.status
             .watchers
@@ -684,8 +652,7 @@ impl CachedObject {
     /// ends the watch with a 410, as a watch from an RV the window no longer holds.
     fn continue_watcher(&mut self, msg: Ready) {
         let now = self.now_ms();
-        let freq = self.cfg.bookmark_frequency().as_millis() as u64;
-        let Some(w) = self.watchers.get_mut(&msg.id) else {
+        let Some(w) = self.watchers.get(msg.id) else {
             return;
         };
         let events = self.window.since_seq(msg.after_seq, self.seq);
@@ -693,7 +660,7 @@ impl CachedObject {
         let (Some(events), false) = (events, next == Continue::Expired) else {
             metrics::counter!(m::EXPIRED_WATCHES, &self.labels).increment(1);
             let oldest = self.window.oldest_replayable();
-            if let Some(w) = self.watchers.remove(&msg.id) {
+            if let Some(w) = self.watchers.remove(msg.id) {
                 w.link.do_send(ToWatcher::Expired {
                     requested: msg.rv,
                     oldest,
@@ -711,12 +678,7 @@ impl CachedObject {
             live,
         }));
         if live {
-            w.live = true;
-            if w.allow_bookmarks {
-                if let Some(due) = next_bookmark_time(now, w.deadline_ms, freq) {
-                    self.bookmarks.schedule(msg.id, due);
-                }
-            }
+            self.watchers.go_live(msg.id, now);
         }
     }
 
@@ -726,20 +688,9 @@ impl CachedObject {
             .replayable_from
             .store(self.window.replayable_from(), Ordering::Relaxed);
         let now = self.now_ms();
-        let freq = self.cfg.bookmark_frequency().as_millis() as u64;
-        for id in self.bookmarks.pop_due(now) {
-            let Some(w) = self.watchers.get(&id) else {
-                continue;
-            };
-            if !w.allow_bookmarks {
-                continue;
-            }
-            let _ = w.link.try_send(ToWatcher::Bookmark {
-                rv: self.progress(),
-            });
-            if let Some(due) = next_bookmark_time(now, w.deadline_ms, freq) {
-                self.bookmarks.schedule(id, due);
-            }
+        let rv = self.progress();
+        for (_, link) in self.watchers.due_bookmarks(now) {
+            let _ = link.try_send(ToWatcher::Bookmark { rv });
         }
         self.heartbeat(now);
         self.step(Input::Tick, |_, _| {});
@@ -916,7 +867,7 @@ impl Handler<ToKey> for CachedObject {
             ToKey::Subscribe(sub) => self.subscribe(sub),
             ToKey::Ready(ready) => self.continue_watcher(ready),
             ToKey::Unsubscribe { id } => {
-                if self.watchers.remove(&id).is_some() {
+                if self.watchers.remove(id).is_some() {
                     self.status
                         .watchers
                         .store(self.watchers.len(), Ordering::Relaxed);
@@ -948,28 +899,20 @@ impl Handler<HandOver> for CachedObject {
     type Result = HandedOver;
 
     fn handle(&mut self, msg: HandOver, _ctx: &mut Self::Context) -> HandedOver {
-        let wanted = |w: &WatcherEntry| match &msg.only_asked {
-            Some(k) => w.asked.as_deref() == Some(k),
-            None => true,
+        // Only live watches move: the others are not writing events yet, and are asked
+        // for again.
+        let (live, pending) = self.watchers.handover(msg.only_asked.as_ref());
+        let mut out = HandedOver {
+            moved: 0,
+            left: pending,
         };
-        let candidates: Vec<u64> = self
-            .watchers
-            .iter()
-            .filter(|(_, w)| wanted(w))
-            .map(|(id, _)| *id)
-            .collect();
-        let mut out = HandedOver::default();
         let to_synced = msg.to_status.synced.load(Ordering::Relaxed);
         let Some(after_rv) = coalesce::handover_rv(self.progress(), to_synced) else {
-            out.left = candidates.len();
+            out.left += live.len();
             return out;
         };
-        for id in candidates {
-            if !self.watchers.get(&id).is_some_and(|w| w.live) {
-                out.left += 1;
-                continue;
-            }
-            if let Some(w) = self.watchers.remove(&id) {
+        for id in live {
+            if let Some(w) = self.watchers.remove(id) {
                 // Its pending bookmark finds no watcher and is dropped (`tick`).
                 w.link.do_send(ToWatcher::Move(watch_feed::Move {
                     key: msg.to.clone(),
@@ -1007,14 +950,5 @@ impl Handler<Drain> for CachedObject {
                 .do_send(ToWatcher::Close(CloseReason::Draining { rv }));
         }
         self.status.watchers.store(0, Ordering::Relaxed);
-    }
-}
-
-/// The one object name a watcher covered by this key asked for (a name key's request), if
-/// it asked for one: only that object's events concern it.
-fn bound_name(asked: Option<&Key>) -> Option<&str> {
-    match &asked?.scope {
-        Scope::Name { name, .. } => Some(name.as_str()),
-        _ => None,
     }
 }

@@ -33,5 +33,6 @@ pub mod store;
 pub mod subject;
 pub mod time;
 pub mod upstream;
+pub mod watchers;
 pub mod window;
 pub mod wire;
