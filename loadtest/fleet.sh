@@ -50,7 +50,7 @@ head -c 32 /dev/urandom | base64 >"$KUBE_DIR/nats-signing-key"
 echo -n fleetbench >"$KUBE_DIR/nats-token"
 # Every simulated client uses the one bench token: its fair queue for cache seats is lifted
 # (in a cluster each kubelet and controller waits in a queue of its own; run.sh says more).
-printf '[server]\ncache_queue_per_user = 1000000\n\n[nats]\ntoken_file = "%s"\nsigning_key_file = "%s"\nencryption_active_key = "k1"\n\n[[nats.encryption_keys]]\nid = "k1"\nfile = "%s"\n' \
+printf '[server]\ncache_queue_per_user = 1000000\ncache_queue_total = 0\n\n[nats]\ntoken_file = "%s"\nsigning_key_file = "%s"\nencryption_active_key = "k1"\n\n[[nats.encryption_keys]]\nid = "k1"\nfile = "%s"\n' \
   "$KUBE_DIR/nats-token" "$KUBE_DIR/nats-signing-key" "$KUBE_DIR/nats-key" >"$KUBE_DIR/fleet.toml"
 
 # Writes $KUBE_DIR/start-<n>-<i>.sh: starts that replica (in the background, its log

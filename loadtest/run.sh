@@ -106,7 +106,7 @@ fi
 # has thousands (each kubelet, each controller): its fair queue for cache seats, 1,000 per
 # user, would refuse the simultaneous starts of thousands of clients that in a cluster
 # each wait in a queue of their own. Lifted in every scenario.
-caps='[server]\ncache_queue_per_user = 1000000\n'
+caps='[server]\ncache_queue_per_user = 1000000\ncache_queue_total = 0\n'
 # An experiment's extra [server] lines (e.g. 'cache_seats = 2'), recorded with the rest.
 [[ -n ${KCACHE_BENCH_SERVER_TOML:-} ]] && caps+="${KCACHE_BENCH_SERVER_TOML}\n"
 if [[ $scenario == scale || $scenario == coalesce ]]; then

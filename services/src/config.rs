@@ -67,6 +67,9 @@ pub struct ServerConfig {
     /// Most cache-served requests one user may have waiting for a seat; past it, 429 with
     /// Retry-After.
     pub cache_queue_per_user: usize,
+    /// Most cache-served requests waiting in all users' queues together (0: no bound);
+    /// past it, 429 with Retry-After, whoever asks.
+    pub cache_queue_total: usize,
     /// Longest a cache-served request waits for a seat before its 429 (the API server's
     /// priority and fairness waits up to 15 s).
     pub cache_queue_wait_secs: u64,
@@ -110,6 +113,7 @@ impl Default for ServerConfig {
             max_watches_per_user: 20_000,
             cache_seats: 0,
             cache_queue_per_user: 1000,
+            cache_queue_total: 20_000,
             cache_queue_wait_secs: 15,
             max_proxied_requests_inflight: 400,
             max_proxied_mutating_requests_inflight: 200,

@@ -5,6 +5,8 @@
 //! API server's fair queuing serves its flows. One user sending thousands of reads a
 //! second fills their own queue, not everyone's: past it, or after waiting too long, the
 //! answer is 429 with `Retry-After`, counted in `kcache_cache_requests_rejected_total`.
+//! All queues together hold at most `server.cache_queue_total` requests, so that many
+//! identities cannot make the waiting requests unbounded.
 //!
 //! A seat is taken after authentication (a flow is a user) and before authorization, where
 //! the API server's filter sits; it is held while the cache works on the request: a get's
@@ -22,7 +24,8 @@ use tokio::sync::oneshot;
 use crate::limits::too_many_requests;
 use crate::status::ApiError;
 
-/// Cache-served requests refused with 429, by `reason` (`queue_full`, `timeout`).
+/// Cache-served requests refused with 429, by `reason` (`queue_full`, `all_queues_full`,
+/// `timeout`).
 pub const REJECTED: &str = "kcache_cache_requests_rejected_total";
 /// Cache-served requests waiting for a seat.
 pub const WAITING: &str = "kcache_cache_requests_waiting";
@@ -33,14 +36,14 @@ pub const SEATS_BUSY: &str = "kcache_cache_seats_busy";
 pub fn describe() {
     metrics::describe_counter!(
         REJECTED,
-        "Cache-served requests refused with 429: their user's queue was full (queue_full) or they waited longer than server.cache_queue_wait_secs (timeout)."
+        "Cache-served requests refused with 429: their user's queue was full (queue_full), every queue together held server.cache_queue_total (all_queues_full), or they waited longer than server.cache_queue_wait_secs (timeout)."
     );
     metrics::describe_gauge!(WAITING, "Cache-served requests waiting for a seat.");
     metrics::describe_gauge!(
         SEATS_BUSY,
         "Seats taken by cache-served requests (of server.cache_seats)."
     );
-    for reason in ["queue_full", "timeout"] {
+    for reason in ["queue_full", "all_queues_full", "timeout"] {
         metrics::counter!(REJECTED, "reason" => reason).increment(0);
     }
     metrics::gauge!(WAITING).set(0.0);
@@ -57,6 +60,8 @@ pub enum Effect {
     Seat(Ticket),
     /// Its user's queue is full: 429.
     Refuse(Ticket),
+    /// Every queue together is full (`total_limit`): 429.
+    RefuseAll(Ticket),
     /// Queued: it waits for a seat.
     Wait(Ticket),
 }
@@ -66,6 +71,9 @@ pub enum Effect {
 pub struct Queues<F> {
     seats: usize,
     queue_limit: usize,
+    /// Most requests waiting in all queues together (0: no bound).
+    total_limit: usize,
+    total_waiting: usize,
     busy: usize,
     waiting: HashMap<F, VecDeque<Ticket>>,
     /// Users with requests waiting, in the order they get the next seats.
@@ -73,11 +81,14 @@ pub struct Queues<F> {
 }
 
 impl<F: Hash + Eq + Clone> Queues<F> {
-    /// `seats` requests at once (at least one); at most `queue_limit` waiting per user.
-    pub fn new(seats: usize, queue_limit: usize) -> Self {
+    /// `seats` requests at once (at least one); at most `queue_limit` waiting per user and
+    /// `total_limit` in all (0: no bound).
+    pub fn new(seats: usize, queue_limit: usize, total_limit: usize) -> Self {
         Queues {
             seats: seats.max(1),
             queue_limit,
+            total_limit,
+            total_waiting: 0,
             busy: 0,
             waiting: HashMap::new(),
             turn: VecDeque::new(),
@@ -92,6 +103,9 @@ impl<F: Hash + Eq + Clone> Queues<F> {
             self.busy += 1;
             return Effect::Seat(ticket);
         }
+        if self.total_limit > 0 && self.total_waiting >= self.total_limit {
+            return Effect::RefuseAll(ticket);
+        }
         let queue = self.waiting.entry(flow.clone()).or_default();
         if queue.len() >= self.queue_limit {
             if queue.is_empty() {
@@ -103,6 +117,7 @@ impl<F: Hash + Eq + Clone> Queues<F> {
         if queue.len() == 1 {
             self.turn.push_back(flow.clone());
         }
+        self.total_waiting += 1;
         Effect::Wait(ticket)
     }
 
@@ -112,6 +127,7 @@ impl<F: Hash + Eq + Clone> Queues<F> {
         let flow = self.turn.pop_front()?;
         let queue = self.waiting.get_mut(&flow)?;
         let ticket = queue.pop_front()?;
+        self.total_waiting -= 1;
         if queue.is_empty() {
             self.waiting.remove(&flow);
         } else {
@@ -131,6 +147,7 @@ impl<F: Hash + Eq + Clone> Queues<F> {
             return false;
         };
         queue.remove(i);
+        self.total_waiting -= 1;
         if queue.is_empty() {
             self.waiting.remove(flow);
             self.turn.retain(|f| f != flow);
@@ -143,7 +160,7 @@ impl<F: Hash + Eq + Clone> Queues<F> {
     }
 
     pub fn waiting(&self) -> usize {
-        self.waiting.values().map(VecDeque::len).sum()
+        self.total_waiting
     }
 }
 
@@ -223,12 +240,12 @@ impl Drop for Waiting {
 }
 
 impl Fairness {
-    /// `seats` cache-served requests at once, `queue_limit` waiting per user, each for at
-    /// most `max_wait`.
-    pub fn new(seats: usize, queue_limit: usize, max_wait: Duration) -> Self {
+    /// `seats` cache-served requests at once, `queue_limit` waiting per user and
+    /// `total_limit` in all (0: no bound), each for at most `max_wait`.
+    pub fn new(seats: usize, queue_limit: usize, total_limit: usize, max_wait: Duration) -> Self {
         Fairness {
             shared: Arc::new(Mutex::new(Shared {
-                queues: Queues::new(seats, queue_limit),
+                queues: Queues::new(seats, queue_limit, total_limit),
                 next_ticket: 0,
                 wake: HashMap::new(),
             })),
@@ -259,6 +276,13 @@ impl Fairness {
                         "too many requests from user {} waiting for this kcache replica's cache; please try again later",
                         go_quote(user)
                     )));
+                }
+                Effect::RefuseAll(_) => {
+                    metrics::counter!(REJECTED, "reason" => "all_queues_full").increment(1);
+                    return Err(too_many_requests(
+                        "too many requests waiting for this kcache replica's cache; please try again later"
+                            .to_string(),
+                    ));
                 }
                 Effect::Wait(_) => {
                     let (tx, rx) = oneshot::channel();
@@ -301,7 +325,7 @@ mod tests {
     /// turn, and each user's queue is bounded.
     #[test]
     fn freed_seats_go_to_users_in_turn() {
-        let mut q = Queues::new(2, 3);
+        let mut q = Queues::new(2, 3, 0);
         let flood = "flood".to_string();
         let calm = "calm".to_string();
         // The flood takes both seats and fills its queue; its fourth waiter is refused.
@@ -333,7 +357,7 @@ mod tests {
 
     #[test]
     fn waiters_that_give_up_leave_their_queue() {
-        let mut q = Queues::new(1, 2);
+        let mut q = Queues::new(1, 2, 0);
         let (a, b) = ("a".to_string(), "b".to_string());
         assert_eq!(q.arrive(&a, 0), Effect::Seat(0));
         assert_eq!(q.arrive(&a, 1), Effect::Wait(1));
@@ -351,8 +375,25 @@ mod tests {
     }
 
     #[test]
+    fn all_queues_together_are_bounded() {
+        let mut q = Queues::new(1, 10, 3);
+        assert_eq!(q.arrive(&"a", 0), Effect::Seat(0));
+        assert_eq!(q.arrive(&"a", 1), Effect::Wait(1));
+        assert_eq!(q.arrive(&"b", 2), Effect::Wait(2));
+        assert_eq!(q.arrive(&"c", 3), Effect::Wait(3));
+        // A fourth user finds every queue together full, though their own is empty.
+        assert_eq!(q.arrive(&"d", 4), Effect::RefuseAll(4));
+        assert_eq!(q.waiting(), 3);
+        // A seat handed on, and a waiter giving up, make room again.
+        assert_eq!(q.finish(), Some(1));
+        assert!(q.abandon(&"c", 3));
+        assert_eq!(q.waiting(), 1);
+        assert_eq!(q.arrive(&"d", 5), Effect::Wait(5));
+    }
+
+    #[test]
     fn a_zero_queue_refuses_once_the_seats_are_taken() {
-        let mut q = Queues::new(0, 0);
+        let mut q = Queues::new(0, 0, 0);
         assert_eq!(q.arrive(&"a", 0), Effect::Seat(0));
         assert_eq!(q.arrive(&"a", 1), Effect::Refuse(1));
         assert_eq!(q.finish(), None);
@@ -361,7 +402,7 @@ mod tests {
 
     #[actix_rt::test]
     async fn seats_are_handed_on_and_freed_by_leaving_waiters() {
-        let f = Fairness::new(1, 10, Duration::from_secs(5));
+        let f = Fairness::new(1, 10, 0, Duration::from_secs(5));
         let first = f.seat("a").await.expect("seat");
         // Waits for the first seat; a waiter that gives up leaves the queue.
         let gave_up = tokio::time::timeout(Duration::from_millis(20), f.seat("a")).await;
@@ -381,7 +422,7 @@ mod tests {
 
     #[actix_rt::test]
     async fn a_wait_too_long_is_a_429() {
-        let f = Fairness::new(1, 10, Duration::from_millis(30));
+        let f = Fairness::new(1, 10, 0, Duration::from_millis(30));
         let _held = f.seat("a").await.expect("seat");
         let e = f.seat("b").await.err().expect("timed out");
         assert_eq!((e.code, e.retry_after), (429, Some(1)));

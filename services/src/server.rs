@@ -195,6 +195,7 @@ pub async fn run(
         fairness: crate::fairness::Fairness::new(
             cfg.server.cache_seats(),
             cfg.server.cache_queue_per_user,
+            cfg.server.cache_queue_total,
             Duration::from_secs(cfg.server.cache_queue_wait_secs),
         ),
         proxy,

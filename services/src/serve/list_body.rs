@@ -140,7 +140,7 @@ mod tests {
     /// after SEAT_LIMIT, though the body itself is never polled again.
     #[actix_rt::test]
     async fn a_list_body_frees_its_seat_when_done_or_at_the_limit() {
-        let f = Fairness::new(1, 10, Duration::from_secs(3600));
+        let f = Fairness::new(1, 10, 0, Duration::from_secs(3600));
         let held = hold_seat(f.seat("a").await.expect("seat"));
         drop(held);
         let next = tokio::time::timeout(Duration::from_secs(5), f.seat("b")).await;
