@@ -91,6 +91,16 @@ impl Message for Read {
     type Result = Result<Snapshot>;
 }
 
+/// The key's snapshot if it is synced and at least `min_rv` fresh now, else `None` at once
+/// (a reader that would wait gives its seat back first, then sends [`Read`]).
+pub struct TryRead {
+    pub min_rv: u64,
+}
+
+impl Message for TryRead {
+    type Result = Option<Snapshot>;
+}
+
 /// Move live watchers to `to` (coalescing onto a covering key, or splitting back to their
 /// own): those that asked for `only_asked` when given, else all. Each gets every event up
 /// to this key's progress from here and the rest from `to`, once `to` is synced
@@ -856,6 +866,16 @@ impl Handler<Read> for CachedObject {
         self.wait(msg.min_rv, Waiter::Read(tx));
         let key = self.key.to_string();
         Box::pin(async move { rx.await.unwrap_or(Err(Error::Stopping { key })) })
+    }
+}
+
+impl Handler<TryRead> for CachedObject {
+    type Result = Option<Snapshot>;
+
+    fn handle(&mut self, msg: TryRead, _ctx: &mut Self::Context) -> Self::Result {
+        self.machine
+            .fresh_enough(msg.min_rv)
+            .then(|| self.snapshot())
     }
 }
 

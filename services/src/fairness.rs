@@ -11,7 +11,11 @@
 //! A seat is taken after authentication (a flow is a user) and before authorization, where
 //! the API server's filter sits; it is held while the cache works on the request: a get's
 //! or list's whole answer (a list's body is written as the seat is held), a watch's start
-//! (a watch's life is bounded by the watch caps, `crate::limits`, instead).
+//! (a watch's life is bounded by the watch caps, `crate::limits`, instead). A request that
+//! only waits — for a key's first sync, a resourceVersion the key has not reached, a
+//! freshness proof — gives its seat back meanwhile and queues for one again after
+//! ([`SeatSlot`]): waiting is not work, and a start storm of new keys must not hold every
+//! seat idle.
 
 use kcache_actors::core::go_quote::go_quote;
 use std::collections::{HashMap, VecDeque};
@@ -200,6 +204,44 @@ pub struct Fairness {
 /// A seat: freed when dropped.
 pub struct Seat {
     shared: Arc<Mutex<Shared>>,
+}
+
+/// A request's seat, which it gives back while it only waits (a key's first sync, a wait
+/// for a resourceVersion, a freshness proof: up to tens of seconds with nothing to do) and
+/// queues for again after, behind its user's other requests.
+pub struct SeatSlot<'a> {
+    fairness: &'a Fairness,
+    user: &'a str,
+    seat: Option<Seat>,
+}
+
+impl<'a> SeatSlot<'a> {
+    pub fn new(fairness: &'a Fairness, user: &'a str, seat: Option<Seat>) -> Self {
+        SeatSlot {
+            fairness,
+            user,
+            seat,
+        }
+    }
+
+    /// Runs `wait` without the seat (if one is held), then takes a seat again: 429 as any
+    /// request when none comes.
+    pub async fn away<T>(
+        &mut self,
+        wait: impl std::future::Future<Output = T>,
+    ) -> Result<T, ApiError> {
+        if self.seat.take().is_none() {
+            return Ok(wait.await);
+        }
+        let out = wait.await;
+        self.seat = Some(self.fairness.seat(self.user).await?);
+        Ok(out)
+    }
+
+    /// The seat, for an answer's body to hold until written.
+    pub fn into_seat(self) -> Option<Seat> {
+        self.seat
+    }
 }
 
 impl Drop for Seat {

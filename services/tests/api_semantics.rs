@@ -676,3 +676,67 @@ async fn a_flood_from_one_user_is_refused_from_its_own_queue_not_others() {
     })
     .await;
 }
+
+/// A read that only waits — here for a resourceVersion the key has not reached, as it
+/// would for a key's first sync or a freshness proof — gives its seat back meanwhile: with
+/// one seat, another user's read is answered at once, not after the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_waits_gives_its_seat_back() {
+    let cluster = TestCluster::start().await;
+    let k = Kcache::start(
+        &cluster,
+        "[server]\ncache_seats = 1\n[cache]\nblock_timeout_ms = 6000\n",
+    )
+    .await;
+    let http = support::insecure_http();
+    let list = "/api/v1/namespaces/default/configmaps";
+    let get = |base: String, query: String, token: &'static str| {
+        let http = http.clone();
+        async move {
+            let started = std::time::Instant::now();
+            let resp = http
+                .get(format!("{base}{list}?{query}"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .expect("request");
+            let code = resp.status().as_u16();
+            let body: Value = resp.json().await.unwrap_or(Value::Null);
+            (code, body, started.elapsed())
+        }
+    };
+    let (code, body, _) = get(k.url.clone(), "resourceVersion=0".into(), TOKEN).await;
+    assert_eq!(code, 200, "{body}");
+    let rv: u64 = body["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .expect("a list RV");
+    let calm_want = get(
+        cluster.url.clone(),
+        "resourceVersion=0".into(),
+        "viewertoken",
+    )
+    .await
+    .0;
+    let waiting = get(
+        k.url.clone(),
+        format!(
+            "resourceVersion={}&resourceVersionMatch=NotOlderThan",
+            rv + 1_000_000
+        ),
+        TOKEN,
+    );
+    let other = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        get(k.url.clone(), "resourceVersion=0".into(), "viewertoken").await
+    };
+    let ((wait_code, wait_body, waited), (code, body, took)) = tokio::join!(waiting, other);
+    // The waiting read ends as the API server's would, with its 504 after the block timeout.
+    assert_eq!(wait_code, 504, "{wait_body}");
+    assert!(waited >= Duration::from_secs(5), "{waited:?}");
+    assert_eq!(code, calm_want, "{body}");
+    assert!(
+        took < Duration::from_secs(3),
+        "the other user's read took {took:?}: it waited for the seat a waiting read held"
+    );
+}

@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use actix::Addr;
 use actix_web::HttpResponse;
-use kcache_actors::cached_object::{self, Read};
+use kcache_actors::cached_object::{self, Read, TryRead};
 use kcache_actors::core::cover;
 use kcache_actors::core::filter::Filter;
 use kcache_actors::core::key::{Key, ResourceType};
@@ -20,7 +20,7 @@ use kcache_actors::registry::Hold;
 use serde_json::{json, Value};
 
 use crate::auth::UserInfo;
-use crate::fairness::Seat;
+use crate::fairness::{Seat, SeatSlot};
 use crate::plan::{Format, Op, Reason};
 use crate::state::ApiState;
 use crate::status::ApiError;
@@ -43,11 +43,12 @@ pub async fn serve(
     format: Format,
     seat: Option<Seat>,
 ) -> Result<Served, ApiError> {
-    // The seat is held until the answer is written: dropped here for all but a list's
-    // body, which keeps it until its last byte.
+    // The seat is held until the answer is written — dropped here for all but a list's
+    // body, which keeps it until its last byte — except while the request only waits.
+    let mut seat = SeatSlot::new(&state.fairness, &user.username, seat);
     match op {
         Op::Forward(reason) => Ok(Served::Forward(reason)),
-        Op::Watch(w) => watch::watch(state, user, *w, format).await,
+        Op::Watch(w) => watch::watch(state, (user, &mut seat), *w, format).await,
         Op::Get {
             key,
             name,
@@ -57,7 +58,7 @@ pub async fn serve(
         } => {
             get(
                 state,
-                user,
+                (user, &mut seat),
                 resource,
                 key,
                 (&name, namespace.as_deref()),
@@ -74,7 +75,7 @@ pub async fn serve(
             min_rv,
             include,
         } => {
-            let (held, snap) = match read(state, user, key.clone(), min_rv).await? {
+            let (held, snap) = match read(state, (user, &mut seat), key.clone(), min_rv).await? {
                 Ok(read) => read,
                 Err(reason) => return Ok(Served::Forward(reason)),
             };
@@ -84,7 +85,7 @@ pub async fn serve(
                 .into_iter()
                 .filter(|o| filter.matches(o))
                 .collect();
-            list(resource, snap.rv, items, format, include, seat)
+            list(resource, snap.rv, items, format, include, seat.into_seat())
         }
     }
 }
@@ -92,7 +93,7 @@ pub async fn serve(
 #[allow(clippy::too_many_arguments)]
 async fn get(
     state: &ApiState,
-    user: &UserInfo,
+    who: (&UserInfo, &mut SeatSlot<'_>),
     resource: &ResourceType,
     key: Key,
     (name, namespace): (&str, Option<&str>),
@@ -102,7 +103,7 @@ async fn get(
 ) -> Result<Served, ApiError> {
     // The snapshot may be a covering key's (`core::cover`): the object is found by name
     // and namespace either way.
-    let (_, snap) = match read(state, user, key, min_rv).await? {
+    let (_, snap) = match read(state, who, key, min_rv).await? {
         Ok(read) => read,
         Err(reason) => return Ok(Served::Forward(reason)),
     };
@@ -200,7 +201,7 @@ fn list(
 /// reason when the API server should answer instead.
 async fn read(
     state: &ApiState,
-    user: &UserInfo,
+    (user, seat): (&UserInfo, &mut SeatSlot<'_>),
     key: Key,
     min_rv: u64,
 ) -> Result<Result<(Key, cached_object::Snapshot), Reason>, ApiError> {
@@ -221,7 +222,7 @@ async fn read(
             return Ok(Err(Reason::KeyBudget));
         }
     };
-    let snap = match snapshot(&held.addr, min_rv).await? {
+    let snap = match snapshot(&held.addr, min_rv, seat).await? {
         Ok(snap) => snap,
         Err(reason) => return Ok(Err(reason)),
     };
@@ -234,11 +235,11 @@ async fn read(
     if !parks(state, &held.key, &snap) && !holds_credentials(&held.key) {
         return Ok(Ok((held.key, snap)));
     }
-    if let Err(e) = state.fresh.prove(&held.key, &held.addr).await {
+    if let Err(e) = seat.away(state.fresh.prove(&held.key, &held.addr)).await? {
         tracing::info!(error = %e, "parked key not proven fresh; forwarding upstream");
         return Ok(Err(Reason::NotFresh));
     }
-    Ok(snapshot(&held.addr, min_rv)
+    Ok(snapshot(&held.addr, min_rv, seat)
         .await?
         .map(|snap| (held.key, snap)))
 }
@@ -255,12 +256,17 @@ fn parks(state: &ApiState, key: &Key, snap: &cached_object::Snapshot) -> bool {
 }
 
 /// The key's snapshot at `min_rv` or later, or `Err` with the reason when the API server
-/// should answer instead.
+/// should answer instead. A key not ready yet (its first sync, or behind `min_rv`) is
+/// waited for without the seat.
 async fn snapshot(
     addr: &Addr<cached_object::CachedObject>,
     min_rv: u64,
+    seat: &mut SeatSlot<'_>,
 ) -> Result<Result<cached_object::Snapshot, Reason>, ApiError> {
-    match addr.send(Read { min_rv }).await {
+    if let Ok(Some(snap)) = addr.send(TryRead { min_rv }).await {
+        return Ok(Ok(snap));
+    }
+    match seat.away(addr.send(Read { min_rv })).await? {
         Ok(Ok(snap)) => Ok(Ok(snap)),
         Ok(Err(cached_object::Error::TooLargeResourceVersion { requested, current })) => {
             Err(ApiError::too_large_resource_version(requested, current))

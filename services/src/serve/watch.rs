@@ -18,6 +18,7 @@ use serde_json::json;
 
 use super::{now_secs, parks, snapshot, Served};
 use crate::auth::UserInfo;
+use crate::fairness::SeatSlot;
 use crate::plan::{Admitted, Format, Reason, WatchOp};
 use crate::state::ApiState;
 use crate::status::ApiError;
@@ -26,7 +27,7 @@ use crate::table;
 /// Starts the watch `op` for `user`; the response streams the watcher's events.
 pub async fn watch(
     state: &ApiState,
-    user: &UserInfo,
+    (user, seat): (&UserInfo, &mut SeatSlot<'_>),
     op: WatchOp,
     format: Format,
 ) -> Result<Served, ApiError> {
@@ -89,13 +90,39 @@ pub async fn watch(
         .map_err(|e| crate::limits::too_many_requests(e.to_string()))?;
     // A watch that starts with the key's state (from "0") must not hand out an object a
     // parked key has not yet heard was deleted: proven like a consistent read.
-    let prove = start.consistent
-        || (plan.initial_events
-            && state.cache.immutable_stop_watch
-            && held.key.may_hold_immutable()
-            && matches!(snapshot(&held.addr, 0).await, Ok(Ok(snap)) if parks(state, &held.key, &snap)));
+    let may_park = !start.consistent
+        && plan.initial_events
+        && state.cache.immutable_stop_watch
+        && held.key.may_hold_immutable();
+    let parked = if may_park {
+        match snapshot(&held.addr, 0, seat).await {
+            Ok(Ok(snap)) => parks(state, &held.key, &snap),
+            Ok(Err(_)) => false,
+            // No seat came back after the wait (429): the watch was not accepted.
+            Err(e) => {
+                registry.do_send(Release {
+                    key: held.key,
+                    asked: key,
+                });
+                return Err(e);
+            }
+        }
+    } else {
+        false
+    };
+    let prove = start.consistent || parked;
     if prove {
-        if let Err(e) = state.fresh.prove(&held.key, &held.addr).await {
+        let proof = match seat.away(state.fresh.prove(&held.key, &held.addr)).await {
+            Ok(proof) => proof,
+            Err(e) => {
+                registry.do_send(Release {
+                    key: held.key,
+                    asked: key,
+                });
+                return Err(e);
+            }
+        };
+        if let Err(e) = proof {
             tracing::info!(error = %e, "consistent read not proven fresh; forwarding upstream");
             registry.do_send(Release {
                 key: held.key,
