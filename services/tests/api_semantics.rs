@@ -578,25 +578,9 @@ async fn a_flood_from_one_user_is_refused_from_its_own_queue_not_others() {
     )
     .await;
     let path = "/api/v1/namespaces/default/configmaps?resourceVersion=0";
-    let http = support::insecure_http();
-    let get = |base: String, token: &'static str| {
-        let http = http.clone();
-        async move {
-            let resp = http
-                .get(format!("{base}{path}"))
-                .bearer_auth(token)
-                .send()
-                .await
-                .expect("request");
-            let code = resp.status().as_u16();
-            let retry_after = resp
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            let body: Value = resp.json().await.unwrap_or(Value::Null);
-            (code, retry_after, body)
-        }
+    let get = |base: String, token: &'static str| async move {
+        let r = Http::new(&base).reply(path, Some(token)).await;
+        (r.code, r.retry_after, r.body)
     };
     // The key is synced before the flood.
     assert_eq!(get(k.url.clone(), TOKEN).await.0, 200);
@@ -688,22 +672,12 @@ async fn a_read_that_waits_gives_its_seat_back() {
         "[server]\ncache_seats = 1\n[cache]\nblock_timeout_ms = 6000\n",
     )
     .await;
-    let http = support::insecure_http();
     let list = "/api/v1/namespaces/default/configmaps";
-    let get = |base: String, query: String, token: &'static str| {
-        let http = http.clone();
-        async move {
-            let started = std::time::Instant::now();
-            let resp = http
-                .get(format!("{base}{list}?{query}"))
-                .bearer_auth(token)
-                .send()
-                .await
-                .expect("request");
-            let code = resp.status().as_u16();
-            let body: Value = resp.json().await.unwrap_or(Value::Null);
-            (code, body, started.elapsed())
-        }
+    let get = |base: String, query: String, token: &'static str| async move {
+        let r = Http::new(&base)
+            .reply(&format!("{list}?{query}"), Some(token))
+            .await;
+        (r.code, r.body, r.took)
     };
     let (code, body, _) = get(k.url.clone(), "resourceVersion=0".into(), TOKEN).await;
     assert_eq!(code, 200, "{body}");

@@ -16,6 +16,16 @@ pub struct Http {
     client: reqwest::Client,
 }
 
+/// A GET's answer ([`Http::reply`]).
+#[derive(Debug)]
+pub struct Reply {
+    pub code: u16,
+    pub retry_after: Option<String>,
+    /// `Null` when it is not JSON.
+    pub body: Value,
+    pub took: Duration,
+}
+
 impl Http {
     pub fn new(base: &str) -> Self {
         Http {
@@ -26,14 +36,32 @@ impl Http {
 
     /// A GET's status and body (`Null` when it is not JSON), with `token` if given.
     pub async fn get(&self, path: &str, token: Option<&str>) -> (u16, Value) {
+        let r = self.reply(path, token).await;
+        (r.code, r.body)
+    }
+
+    /// A GET's whole answer as a refusal is judged: status, `Retry-After`, body, and how
+    /// long it took.
+    pub async fn reply(&self, path: &str, token: Option<&str>) -> Reply {
+        let started = std::time::Instant::now();
         let mut req = self.client.get(format!("{}{}", self.base, path));
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }
         let resp = req.send().await.expect("request");
         let code = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let body = resp.bytes().await.expect("body");
-        (code, serde_json::from_slice(&body).unwrap_or(Value::Null))
+        Reply {
+            code,
+            retry_after,
+            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+            took: started.elapsed(),
+        }
     }
 
     /// A GET as the cluster admin.
