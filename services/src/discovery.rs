@@ -33,17 +33,33 @@ pub type Resources = HashMap<(String, String, String), Arc<ResourceType>>;
 /// the same with its own answers.
 pub type ReadWarnings = HashMap<(String, String, String), Vec<String>>;
 
-/// Reads each resource's read warnings from one small list of it (`limit=1`, kcache's own
-/// identity). A resource whose list fails has none recorded (logged): its answers then lack
-/// what the API server would have warned.
-pub async fn read_warnings(client: &kube::Client, resources: &Resources) -> ReadWarnings {
-    let mut out = ReadWarnings::new();
+/// The column definitions of each resource's Tables as the API server prints them, by
+/// `(group, version, resource)`.
+pub type TableColumns = HashMap<(String, String, String), serde_json::Value>;
+
+/// What one small list of each resource (`limit=1`, asked for as a Table, kcache's own
+/// identity) shows of how the API server answers reads of it: its read warnings, and its
+/// Tables' column definitions. A resource whose list fails has neither recorded (logged):
+/// its answers then lack what the API server would have warned, and its Tables use
+/// kcache's printer's columns.
+pub async fn read_probe(
+    client: &kube::Client,
+    resources: &Resources,
+) -> (ReadWarnings, TableColumns) {
+    let mut warnings_of = ReadWarnings::new();
+    let mut columns_of = TableColumns::new();
     for (id, r) in resources {
         let uri = format!("{}?limit=1", r.collection_path(None));
-        let req = match http::Request::get(uri).body(kube::client::Body::empty()) {
+        let req = match http::Request::get(uri)
+            .header(
+                "Accept",
+                "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+            )
+            .body(kube::client::Body::empty())
+        {
             Ok(req) => req,
             Err(e) => {
-                tracing::warn!(error = %e, resource = %r.resource, "cannot build a warnings probe");
+                tracing::warn!(error = %e, resource = %r.resource, "cannot build a read probe");
                 continue;
             }
         };
@@ -57,18 +73,36 @@ pub async fn read_warnings(client: &kube::Client, resources: &Resources) -> Read
                     .collect();
                 if !warnings.is_empty() {
                     tracing::info!(resource = %r.resource, ?warnings, "the API server warns on reads of this resource; kcache's answers carry the same");
-                    out.insert(id.clone(), warnings);
+                    warnings_of.insert(id.clone(), warnings);
+                }
+                use http_body_util::BodyExt;
+                let body = resp.into_body().collect().await.map(|b| b.to_bytes());
+                let table: Option<serde_json::Value> =
+                    body.ok().and_then(|b| serde_json::from_slice(&b).ok());
+                match table {
+                    Some(t) if t["kind"] == "Table" => {
+                        let columns = t["columnDefinitions"].clone();
+                        if crate::table::columns_for(&r.group, &r.resource, Some(&columns))
+                            .is_none()
+                        {
+                            tracing::warn!(resource = %r.resource, "the API server prints this resource's Tables with other columns than kcache's printer; its Table reads are forwarded");
+                        }
+                        columns_of.insert(id.clone(), columns);
+                    }
+                    _ => {
+                        tracing::warn!(resource = %r.resource, "the API server did not answer a Table; kcache prints its own columns")
+                    }
                 }
             }
             Ok(resp) => {
-                tracing::warn!(resource = %r.resource, status = %resp.status(), "cannot read the resource's read warnings")
+                tracing::warn!(resource = %r.resource, status = %resp.status(), "cannot probe reads of the resource")
             }
             Err(e) => {
-                tracing::warn!(resource = %r.resource, error = %e, "cannot read the resource's read warnings")
+                tracing::warn!(resource = %r.resource, error = %e, "cannot probe reads of the resource")
             }
         }
     }
-    out
+    (warnings_of, columns_of)
 }
 
 /// Looks every wanted resource up in its group-version's discovery document. A resource

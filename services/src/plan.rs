@@ -81,10 +81,13 @@ pub enum Reason {
     NotFresh,
     /// An object the protobuf schema cannot express.
     Protobuf,
+    /// A Table whose columns the upstream prints differently from kcache's printer for
+    /// the resource (`crate::table::Columns`).
+    Table,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 9] = [
+    pub const ALL: [Reason; 10] = [
         Reason::Query,
         Reason::Accept,
         Reason::Selector,
@@ -94,14 +97,16 @@ impl Reason {
         Reason::NotReady,
         Reason::NotFresh,
         Reason::Protobuf,
+        Reason::Table,
     ];
 
     /// The reasons only serving can find: they depend on the cache's state.
-    pub const AT_SERVE_TIME: [Reason; 4] = [
+    pub const AT_SERVE_TIME: [Reason; 5] = [
         Reason::KeyBudget,
         Reason::NotReady,
         Reason::NotFresh,
         Reason::Protobuf,
+        Reason::Table,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -115,6 +120,7 @@ impl Reason {
             Reason::NotReady => "not_ready",
             Reason::NotFresh => "not_fresh",
             Reason::Protobuf => "protobuf",
+            Reason::Table => "table",
         }
     }
 }
@@ -585,6 +591,7 @@ mod tests {
                 Reason::NotReady => 6,
                 Reason::NotFresh => 7,
                 Reason::Protobuf => 8,
+                Reason::Table => 9,
             };
             assert_eq!(Reason::ALL[i], r);
         }

@@ -175,6 +175,7 @@ pub async fn run(
         registry: registry.clone(),
         resources: std::sync::OnceLock::new(),
         read_warnings: std::sync::OnceLock::new(),
+        table_columns: std::sync::OnceLock::new(),
         auth: Authenticator::new(
             client.clone(),
             Duration::from_secs(cfg.auth.token_cache_ttl_secs),
@@ -214,7 +215,7 @@ pub async fn run(
         actix_web::rt::spawn(async move {
             loop {
                 match start_up(&client, &anonymous_client, &resources).await {
-                    Ok((found, warnings, upstream_anonymous)) => {
+                    Ok((found, (warnings, columns), upstream_anonymous)) => {
                         let anonymous = anonymous_allowed_by_config && upstream_anonymous;
                         tracing::info!(
                             resources = found.len(),
@@ -224,6 +225,7 @@ pub async fn run(
                         );
                         state.anonymous.store(anonymous, Ordering::Relaxed);
                         let _ = state.read_warnings.set(warnings);
+                        let _ = state.table_columns.set(columns);
                         for r in found.values() {
                             crate::api::register_resource_metrics(r);
                         }
@@ -351,13 +353,16 @@ async fn start_up(
 ) -> Result<
     (
         crate::discovery::Resources,
-        crate::discovery::ReadWarnings,
+        (
+            crate::discovery::ReadWarnings,
+            crate::discovery::TableColumns,
+        ),
         bool,
     ),
     Box<dyn std::error::Error + Send + Sync>,
 > {
     let resources = crate::discovery::resolve(client, wanted).await?;
-    let warnings = crate::discovery::read_warnings(client, &resources).await;
+    let probed = crate::discovery::read_probe(client, &resources).await;
     let version = client.apiserver_version().await?;
     crate::upstream_version::report(&version.git_version);
     let req = http::Request::get("/api").body(kube::client::Body::empty())?;
@@ -365,11 +370,7 @@ async fn start_up(
     if status.is_server_error() {
         return Err(format!("probing anonymous access: the API server answered {status}").into());
     }
-    Ok((
-        resources,
-        warnings,
-        status != http::StatusCode::UNAUTHORIZED,
-    ))
+    Ok((resources, probed, status != http::StatusCode::UNAUTHORIZED))
 }
 
 /// A client with the upstream's address and TLS settings but no credentials.

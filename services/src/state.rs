@@ -22,6 +22,8 @@ pub struct ApiState {
     pub resources: std::sync::OnceLock<crate::discovery::Resources>,
     /// What the API server warns on reads of each cached resource (set with `resources`).
     pub read_warnings: std::sync::OnceLock<crate::discovery::ReadWarnings>,
+    /// The upstream's Table columns by resource, set with the warnings.
+    pub table_columns: std::sync::OnceLock<crate::discovery::TableColumns>,
     pub auth: Authenticator,
     pub authz: Authorizer,
     /// Requests without credentials are `system:anonymous` (else 401): set once the API

@@ -1,4 +1,7 @@
-//! `as=Table` answers for `kubectl get`, printed with kube-apiserver 1.20's default columns.
+//! `as=Table` answers for `kubectl get`: kcache's printers (kube-apiserver 1.20's cells and
+//! default columns), written with the column definitions the upstream itself prints when
+//! they are the same columns ([`columns_for`]); a resource the upstream prints otherwise is
+//! not printed here (its Tables are forwarded).
 
 use kcache_actors::core::time::format_rfc3339;
 use serde_json::{json, Map, Value};
@@ -442,6 +445,31 @@ const DEFAULT_COLUMNS: &[Column] = &[NAME, col("Created At", "date", DESC_CREATE
 // Printers
 // ---------------------------------------------------------------------------
 
+/// The column definitions a Table is written with.
+#[derive(Clone, Copy)]
+pub enum Columns<'a> {
+    /// The upstream's own, learned from one Table it printed (`discovery::read_probe`):
+    /// its descriptions, as the version in front of kcache words them.
+    Upstream(&'a Value),
+    /// kcache's printer's (the upstream's were not learned).
+    Builtin,
+}
+
+/// How kcache may print a resource's Tables, given the upstream's column definitions for
+/// it: with those (its printer prints the same columns), or not at all (the upstream
+/// prints others: the request is forwarded).
+pub fn columns_for<'a>(
+    group: &str,
+    resource: &str,
+    upstream: Option<&'a Value>,
+) -> Option<Columns<'a>> {
+    match upstream {
+        None => Some(Columns::Builtin),
+        Some(c) if Printer::for_resource(group, resource).agrees(c) => Some(Columns::Upstream(c)),
+        Some(_) => None,
+    }
+}
+
 /// Which 1.20 printer renders a resource. The API server prints every column, wide ones
 /// included (kubectl hides priority > 0 unless `-o wide`), so rows always fill every column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -478,6 +506,22 @@ impl Printer {
             Printer::Pod => POD_COLUMNS,
             Printer::Default => DEFAULT_COLUMNS,
         }
+    }
+
+    /// Whether the upstream's column definitions for the resource (`upstream`, from one
+    /// Table it printed) are this printer's: the same names, types, formats and
+    /// priorities, in order. Descriptions may differ (they follow the API's docs).
+    fn agrees(self, upstream: &Value) -> bool {
+        let Some(theirs) = upstream.as_array() else {
+            return false;
+        };
+        theirs.len() == self.columns().len()
+            && theirs.iter().zip(self.columns()).all(|(t, c)| {
+                t["name"] == c.name
+                    && t["type"] == c.ty
+                    && t["format"] == c.format
+                    && t["priority"] == c.priority
+            })
     }
 
     fn column_definitions(self) -> Value {
@@ -895,8 +939,10 @@ fn row_object(obj: &Value, include: IncludeObject, version: TableVersion) -> Opt
 /// `group` ("" for core). `list_meta` (`{"resourceVersion": ..., "continue"?: ...}`) becomes
 /// the Table's metadata; `now` (Unix seconds) dates the AGE columns. Each row has the
 /// printer's cells and, per `include`, a PartialObjectMetadata, the whole object, or nothing.
+#[allow(clippy::too_many_arguments)]
 pub fn to_table(
     version: TableVersion,
+    columns: Columns<'_>,
     group: &str,
     resource: &str,
     objects: &[&Value],
@@ -905,6 +951,10 @@ pub fn to_table(
     now: i64,
 ) -> Value {
     let printer = Printer::for_resource(group, resource);
+    let columns = match columns {
+        Columns::Upstream(c) => c.clone(),
+        Columns::Builtin => printer.column_definitions(),
+    };
     let rows: Vec<Value> = objects
         .iter()
         .map(|obj| {
@@ -930,7 +980,7 @@ pub fn to_table(
         "kind": "Table",
         "apiVersion": version.api_version(),
         "metadata": metadata,
-        "columnDefinitions": printer.column_definitions(),
+        "columnDefinitions": columns,
         "rows": rows,
     })
 }
@@ -1937,6 +1987,7 @@ mod tests {
         for (version, include, object) in cases {
             let t = to_table(
                 *version,
+                Columns::Builtin,
                 "",
                 "secrets",
                 &[&secret],
@@ -1960,6 +2011,7 @@ mod tests {
         // An empty list is still a Table with its columns.
         let t = to_table(
             TableVersion::V1,
+            Columns::Builtin,
             "",
             "pods",
             &[],
@@ -1971,6 +2023,7 @@ mod tests {
         assert_eq!(t["columnDefinitions"].as_array().map(Vec::len), Some(9));
         let t = to_table(
             TableVersion::V1,
+            Columns::Builtin,
             "",
             "pods",
             &[],
@@ -1988,6 +2041,7 @@ mod tests {
         let failed = pod(1, json!({"phase": "Failed"}));
         let t = to_table(
             TableVersion::V1,
+            Columns::Builtin,
             "",
             "pods",
             &[&done, &failed],

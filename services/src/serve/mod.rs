@@ -46,9 +46,26 @@ pub async fn serve(
     // The seat is held until the answer is written — dropped here for all but a list's
     // body, which keeps it until its last byte — except while the request only waits.
     let mut seat = SeatSlot::new(&state.fairness, &user.username, seat);
+    // A Table is printed with the upstream's own column definitions, or not at all when
+    // the upstream prints the resource's Tables with other columns.
+    let columns = match &format {
+        Format::Table(_) => {
+            let id = (
+                resource.group.clone(),
+                resource.version.clone(),
+                resource.resource.clone(),
+            );
+            let upstream = state.table_columns.get().and_then(|c| c.get(&id));
+            match table::columns_for(&resource.group, &resource.resource, upstream) {
+                Some(_) => upstream.cloned(),
+                None => return Ok(Served::Forward(Reason::Table)),
+            }
+        }
+        _ => None,
+    };
     match op {
         Op::Forward(reason) => Ok(Served::Forward(reason)),
-        Op::Watch(w) => watch::watch(state, (user, &mut seat), *w, format).await,
+        Op::Watch(w) => watch::watch(state, (user, &mut seat), *w, (format, columns)).await,
         Op::Get {
             key,
             name,
@@ -63,7 +80,7 @@ pub async fn serve(
                 key,
                 (&name, namespace.as_deref()),
                 min_rv,
-                format,
+                (format, columns.as_ref()),
                 include,
             )
             .await
@@ -85,7 +102,14 @@ pub async fn serve(
                 .into_iter()
                 .filter(|o| filter.matches(o))
                 .collect();
-            list(resource, snap.rv, items, format, include, seat.into_seat())
+            list(
+                resource,
+                snap.rv,
+                items,
+                (format, columns.as_ref()),
+                include,
+                seat.into_seat(),
+            )
         }
     }
 }
@@ -98,7 +122,7 @@ async fn get(
     key: Key,
     (name, namespace): (&str, Option<&str>),
     min_rv: u64,
-    format: Format,
+    (format, columns): (Format, Option<&Value>),
     include: table::IncludeObject,
 ) -> Result<Served, ApiError> {
     // The snapshot may be a covering key's (`core::cover`): the object is found by name
@@ -141,6 +165,7 @@ async fn get(
     };
     let body = table::to_table(
         v,
+        table_columns(columns),
         &resource.group,
         &resource.resource,
         &[&obj.to_value()],
@@ -156,7 +181,7 @@ fn list(
     resource: &ResourceType,
     rv: u64,
     items: Vec<Arc<Object>>,
-    format: Format,
+    (format, columns): (Format, Option<&Value>),
     include: table::IncludeObject,
     seat: Option<Seat>,
 ) -> Result<Served, ApiError> {
@@ -186,6 +211,7 @@ fn list(
     let values: Vec<Value> = items.iter().map(|o| o.to_value()).collect();
     let body = table::to_table(
         v,
+        table_columns(columns),
         &resource.group,
         &resource.resource,
         &values.iter().collect::<Vec<_>>(),
@@ -278,6 +304,11 @@ async fn snapshot(
         }
         Err(_) => Ok(Err(Reason::NotReady)),
     }
+}
+
+/// The columns a Table is written with: the upstream's when learned.
+fn table_columns(upstream: Option<&Value>) -> table::Columns<'_> {
+    upstream.map_or(table::Columns::Builtin, table::Columns::Upstream)
 }
 
 fn now_secs() -> i64 {

@@ -14,7 +14,7 @@ use kcache_actors::core::object::{EventType, Object};
 use kcache_actors::core::proto;
 use kcache_actors::registry::{Acquire, Release};
 use kcache_actors::watcher::{Encoder, Watcher, WatcherSpec};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::{now_secs, parks, snapshot, Served};
 use crate::auth::UserInfo;
@@ -29,7 +29,7 @@ pub async fn watch(
     state: &ApiState,
     (user, seat): (&UserInfo, &mut SeatSlot<'_>),
     op: WatchOp,
-    format: Format,
+    (format, columns): (Format, Option<Value>),
 ) -> Result<Served, ApiError> {
     let WatchOp {
         key,
@@ -62,6 +62,7 @@ pub async fn watch(
             Encoder::Custom(Arc::new(move |kind: EventType, obj: &Object| -> Bytes {
                 let t = table::to_table(
                     version,
+                    super::table_columns(columns.as_ref()),
                     &resource.group,
                     &resource.resource,
                     &[&obj.to_value()],
