@@ -429,8 +429,8 @@ const POD_COLUMNS: &[Column] = &[
     ),
     col(
         "Restarts",
-        "integer",
-        "The number of times the containers in this pod have been restarted.",
+        "string",
+        "The number of times the containers in this pod have been restarted and when the last container in this pod has restarted.",
     ),
     AGE,
     wide("IP", DESC_POD_IP),
@@ -769,46 +769,107 @@ struct PodSummary {
     total: usize,
     status: String,
     restarts: i64,
+    /// When the last counted restart's container finished (Unix seconds), if any.
+    last_restart: Option<i64>,
 }
 
-/// The 1.20 pod printer's READY, STATUS and RESTARTS.
+/// A restartable init container: a sidecar (`restartPolicy: Always`).
+fn is_sidecar(c: Option<&Value>) -> bool {
+    c.and_then(|c| c.get("restartPolicy"))
+        .and_then(Value::as_str)
+        == Some("Always")
+}
+
+/// When a container status's last termination finished (Unix seconds).
+fn last_finished(c: &Value) -> Option<i64> {
+    c.pointer("/lastState/terminated/finishedAt")
+        .and_then(Value::as_str)
+        .and_then(parse_rfc3339)
+}
+
+fn condition_true(pod: &Value, ty: &str) -> bool {
+    // The first condition of the type decides, as Go's loops do.
+    array_at(pod, "/status/conditions")
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(ty))
+        .is_some_and(|c| c.get("status").and_then(Value::as_str) == Some("True"))
+}
+
+/// The reference version's pod printer (`printPod`, 1.37): READY, STATUS, RESTARTS —
+/// sidecars (restartable init containers) counted among the containers, a scheduling gate
+/// shown, the last restart's time kept for its age.
 fn pod_summary(pod: &Value) -> PodSummary {
+    let phase = str_at(pod, "/status/phase");
     let mut status = match str_at(pod, "/status/reason") {
-        "" => str_at(pod, "/status/phase").to_string(),
+        "" => phase.to_string(),
         reason => reason.to_string(),
     };
-    let mut restarts = 0;
+    if array_at(pod, "/status/conditions").iter().any(|c| {
+        c.get("type").and_then(Value::as_str) == Some("PodScheduled")
+            && c.get("reason").and_then(Value::as_str) == Some("SchedulingGated")
+    }) {
+        status = "SchedulingGated".to_string();
+    }
+    let init_specs = array_at(pod, "/spec/initContainers");
+    let init_spec = |name: &str| {
+        init_specs
+            .iter()
+            .find(|c| c.get("name").and_then(Value::as_str) == Some(name))
+    };
+    let mut total = array_at(pod, "/spec/containers").len();
+    total += init_specs.iter().filter(|c| is_sidecar(Some(c))).count();
+    let (mut restarts, mut sidecar_restarts) = (0, 0);
+    let (mut last_restart, mut sidecar_last_restart): (Option<i64>, Option<i64>) = (None, None);
     let mut ready = 0;
 
-    // The first init container that has not succeeded decides the status.
-    let init_total = array_at(pod, "/spec/initContainers").len();
+    // The first init container that has not succeeded (and is no started sidecar)
+    // decides the status.
     let mut initializing = false;
     for (i, c) in array_at(pod, "/status/initContainerStatuses")
         .iter()
         .enumerate()
     {
         restarts += int_at(c, "restartCount");
+        last_restart = last_restart.max(last_finished(c));
+        let name = c.get("name").and_then(Value::as_str).unwrap_or_default();
+        let sidecar = is_sidecar(init_spec(name));
+        if sidecar {
+            sidecar_restarts += int_at(c, "restartCount");
+            sidecar_last_restart = sidecar_last_restart.max(last_finished(c));
+        }
+        let terminated = state(c, "terminated");
+        if terminated.is_some_and(|t| number(t, "exitCode") == 0) {
+            continue;
+        }
+        if sidecar && c.get("started").and_then(Value::as_bool) == Some(true) {
+            if c.get("ready").and_then(Value::as_bool) == Some(true) {
+                ready += 1;
+            }
+            continue;
+        }
         let waiting_reason = state(c, "waiting").map(|w| text(w, "reason"));
-        status = match state(c, "terminated") {
-            Some(t) if number(t, "exitCode") == 0 => continue,
+        status = match terminated {
             Some(t) => terminated_reason(t, "Init:"),
             // PodInitializing is the kubelet's placeholder, not worth showing.
             None => match waiting_reason {
                 Some(r) if !r.is_empty() && r != "PodInitializing" => format!("Init:{r}"),
-                _ => format!("Init:{i}/{init_total}"),
+                _ => format!("Init:{i}/{}", init_specs.len()),
             },
         };
         initializing = true;
         break;
     }
 
-    if !initializing {
-        // Once initialized only the app containers' restarts count.
-        restarts = 0;
+    if !initializing || condition_true(pod, "Initialized") {
+        // Once initialized only the app containers' and sidecars' restarts count.
+        restarts = sidecar_restarts;
+        last_restart = sidecar_last_restart;
         let mut has_running = false;
+        let mut error_reason = String::new();
         // Walked last to first so the first container's state wins.
         for c in array_at(pod, "/status/containerStatuses").iter().rev() {
             restarts += int_at(c, "restartCount");
+            last_restart = last_restart.max(last_finished(c));
             let waiting = state(c, "waiting")
                 .map(|w| text(w, "reason"))
                 .filter(|r| !r.is_empty());
@@ -816,6 +877,9 @@ fn pod_summary(pod: &Value) -> PodSummary {
                 status = reason.to_string();
             } else if let Some(t) = state(c, "terminated") {
                 status = terminated_reason(t, "");
+                if number(t, "exitCode") != 0 {
+                    error_reason = status.clone();
+                }
             } else if c.get("ready").and_then(Value::as_bool) == Some(true)
                 && state(c, "running").is_some()
             {
@@ -824,32 +888,33 @@ fn pod_summary(pod: &Value) -> PodSummary {
             }
         }
         // A finished sidecar should not hide containers still serving.
-        if status == "Completed" && has_running {
-            status = if has_ready_condition(pod) {
-                "Running".to_string()
-            } else {
-                "NotReady".to_string()
-            };
+        if status == "Completed" {
+            if has_running && has_ready_condition(pod) {
+                status = "Running".to_string();
+            } else if !error_reason.is_empty() {
+                status = error_reason;
+            } else if has_running {
+                status = "NotReady".to_string();
+            }
         }
     }
 
-    if pod
+    let deleting = pod
         .pointer("/metadata/deletionTimestamp")
-        .is_some_and(|t| !t.is_null())
-    {
-        // NodeLost: the node stopped reporting, so the pod's fate is unknown.
-        status = if str_at(pod, "/status/reason") == "NodeLost" {
-            "Unknown".to_string()
-        } else {
-            "Terminating".to_string()
-        };
+        .is_some_and(|t| !t.is_null());
+    if deleting && str_at(pod, "/status/reason") == "NodeLost" {
+        // The node stopped reporting, so the pod's fate is unknown.
+        status = "Unknown".to_string();
+    } else if deleting && !matches!(phase, "Succeeded" | "Failed") {
+        status = "Terminating".to_string();
     }
 
     PodSummary {
         ready,
-        total: array_at(pod, "/spec/containers").len(),
+        total,
         status,
         restarts,
+        last_restart,
     }
 }
 
@@ -882,17 +947,22 @@ fn readiness_gates(pod: &Value) -> String {
 
 fn print_pod(pod: &Value, now: i64) -> (Vec<Value>, Option<Value>) {
     let summary = pod_summary(pod);
-    let ip = array_at(pod, "/status/podIPs")
-        .first()
-        .and_then(|ip| ip.get("ip"))
-        .and_then(Value::as_str)
-        .filter(|ip| !ip.is_empty())
-        .unwrap_or_else(|| str_at(pod, "/status/podIP"));
+    // The first of podIPs; a v1 status with podIP alone converts to podIPs of that one.
+    let ip = match array_at(pod, "/status/podIPs").first() {
+        Some(first) => first.get("ip").and_then(Value::as_str).unwrap_or_default(),
+        None => str_at(pod, "/status/podIP"),
+    };
+    let restarts = match summary.last_restart {
+        Some(at) if summary.restarts != 0 && at != ZERO_TIME => {
+            format!("{} ({} ago)", summary.restarts, human_duration(now - at))
+        }
+        _ => summary.restarts.to_string(),
+    };
     let cells = vec![
         json!(str_at(pod, "/metadata/name")),
         json!(format!("{}/{}", summary.ready, summary.total)),
         json!(summary.status),
-        json!(summary.restarts),
+        json!(restarts),
         json!(age(pod, now)),
         json!(or_none(ip)),
         json!(or_none(str_at(pod, "/spec/nodeName"))),
@@ -1761,7 +1831,7 @@ mod tests {
             let cells = cells("", "pods", &p);
             assert_eq!(cells[1], json!(ready), "{case}: READY");
             assert_eq!(cells[2], json!(status), "{case}: STATUS");
-            assert_eq!(cells[3], json!(restarts), "{case}: RESTARTS");
+            assert_eq!(cells[3], json!(restarts.to_string()), "{case}: RESTARTS");
         }
     }
 
@@ -1799,7 +1869,7 @@ mod tests {
                     "coredns-74ff55c5b-x2k8q",
                     "1/1",
                     "Running",
-                    1,
+                    "1",
                     "4m30s",
                     "10.244.0.3",
                     "kind-control-plane",
@@ -1813,7 +1883,7 @@ mod tests {
                     "p",
                     "0/1",
                     "Pending",
-                    0,
+                    "0",
                     "<unknown>",
                     "<none>",
                     "<none>",
@@ -1827,7 +1897,7 @@ mod tests {
                     "p",
                     "0/0",
                     "",
-                    0,
+                    "0",
                     "<unknown>",
                     "10.1.1.1",
                     "<none>",
@@ -1903,7 +1973,7 @@ mod tests {
                     ("Name", "string", 0),
                     ("Ready", "string", 0),
                     ("Status", "string", 0),
-                    ("Restarts", "integer", 0),
+                    ("Restarts", "string", 0),
                     ("Age", "string", 0),
                     ("IP", "string", 1),
                     ("Node", "string", 1),
