@@ -438,6 +438,27 @@ const POD_COLUMNS: &[Column] = &[
     wide("Nominated Node", DESC_NOMINATED_NODE),
     wide("Readiness Gates", DESC_READINESS_GATES),
 ];
+/// `printEndpointSlice`'s columns (1.37); descriptions are the API's field docs, which
+/// the upstream's own column definitions carry (`Columns::Upstream`).
+const ENDPOINTSLICE_COLUMNS: &[Column] = &[
+    NAME,
+    col(
+        "AddressType",
+        "string",
+        "addressType specifies the type of address carried by this EndpointSlice.",
+    ),
+    col(
+        "Ports",
+        "string",
+        "ports specifies the list of network ports exposed by each endpoint in this slice.",
+    ),
+    col(
+        "Endpoints",
+        "string",
+        "endpoints is a list of unique endpoints in this slice.",
+    ),
+    AGE,
+];
 /// The API server's default table convertor, for resources without a printer.
 const DEFAULT_COLUMNS: &[Column] = &[NAME, col("Created At", "date", DESC_CREATED)];
 
@@ -479,6 +500,7 @@ enum Printer {
     Namespace,
     Service,
     Endpoints,
+    EndpointSlice,
     Pod,
     Default,
 }
@@ -492,6 +514,7 @@ impl Printer {
             ("", "services") => Printer::Service,
             ("", "endpoints") => Printer::Endpoints,
             ("", "pods") => Printer::Pod,
+            ("discovery.k8s.io", "endpointslices") => Printer::EndpointSlice,
             _ => Printer::Default,
         }
     }
@@ -503,6 +526,7 @@ impl Printer {
             Printer::Namespace => NAMESPACE_COLUMNS,
             Printer::Service => SERVICE_COLUMNS,
             Printer::Endpoints => ENDPOINTS_COLUMNS,
+            Printer::EndpointSlice => ENDPOINTSLICE_COLUMNS,
             Printer::Pod => POD_COLUMNS,
             Printer::Default => DEFAULT_COLUMNS,
         }
@@ -569,6 +593,13 @@ impl Printer {
                 json!(format_labels(obj.pointer("/spec/selector"))),
             ],
             Printer::Endpoints => vec![name, json!(format_endpoints(obj)), json!(age(obj, now))],
+            Printer::EndpointSlice => vec![
+                name,
+                json!(str_at(obj, "/addressType")),
+                json!(slice_ports(obj)),
+                json!(slice_endpoints(obj)),
+                json!(age(obj, now)),
+            ],
             Printer::Pod => return print_pod(obj, now),
             Printer::Default => vec![
                 name,
@@ -688,6 +719,43 @@ fn service_ports(svc: &Value) -> String {
 }
 
 /// Go's net.JoinHostPort: IPv6 hosts are bracketed.
+/// Up to three items joined, `+ N more...` past them, `<unset>` for none
+/// (`listWithMoreString`).
+fn list_with_more(items: impl Iterator<Item = String>) -> String {
+    let all: Vec<String> = items.collect();
+    let shown = all.iter().take(3).cloned().collect::<Vec<_>>().join(",");
+    match all.len() {
+        0 => "<unset>".to_string(),
+        n if n > 3 => format!("{shown} + {} more...", n - 3),
+        _ => shown,
+    }
+}
+
+/// An EndpointSlice's ports: each number, else its name, else `*`.
+fn slice_ports(slice: &Value) -> String {
+    list_with_more(array_at(slice, "/ports").iter().map(|p| {
+        match (
+            p.get("port").and_then(Value::as_i64),
+            p.get("name").and_then(Value::as_str),
+        ) {
+            (Some(n), _) => n.to_string(),
+            (None, Some(name)) => name.to_string(),
+            (None, None) => "*".to_string(),
+        }
+    }))
+}
+
+/// An EndpointSlice's addresses, every endpoint's in order.
+fn slice_endpoints(slice: &Value) -> String {
+    list_with_more(array_at(slice, "/endpoints").iter().flat_map(|e| {
+        e.get("addresses")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str().map(str::to_string))
+    }))
+}
+
 fn join_host_port(host: &str, port: i64) -> String {
     if host.contains(':') {
         format!("[{host}]:{port}")
