@@ -208,11 +208,14 @@ pub struct Seat {
 
 /// A request's seat, which it gives back while it only waits (a key's first sync, a wait
 /// for a resourceVersion, a freshness proof: up to tens of seconds with nothing to do) and
-/// queues for again after, behind its user's other requests.
+/// queues for again ([`SeatSlot::back`]) only once the cache has work for it: a request
+/// whose wait ends in forwarding it upstream needs no seat.
 pub struct SeatSlot<'a> {
     fairness: &'a Fairness,
     user: &'a str,
     seat: Option<Seat>,
+    /// The seat was given back for a wait ([`SeatSlot::back`] takes one again).
+    gave_back: bool,
 }
 
 impl<'a> SeatSlot<'a> {
@@ -221,21 +224,26 @@ impl<'a> SeatSlot<'a> {
             fairness,
             user,
             seat,
+            gave_back: false,
         }
     }
 
-    /// Runs `wait` without the seat (if one is held), then takes a seat again: 429 as any
-    /// request when none comes.
-    pub async fn away<T>(
-        &mut self,
-        wait: impl std::future::Future<Output = T>,
-    ) -> Result<T, ApiError> {
-        if self.seat.take().is_none() {
-            return Ok(wait.await);
+    /// Runs `wait` without the seat (it is given back first).
+    pub async fn away<T>(&mut self, wait: impl std::future::Future<Output = T>) -> T {
+        if self.seat.take().is_some() {
+            self.gave_back = true;
         }
-        let out = wait.await;
-        self.seat = Some(self.fairness.seat(self.user).await?);
-        Ok(out)
+        wait.await
+    }
+
+    /// Queues for the seat given back, before the cache works on the request again: 429
+    /// as any request when none comes.
+    pub async fn back(&mut self) -> Result<(), ApiError> {
+        if self.gave_back && self.seat.is_none() {
+            self.seat = Some(self.fairness.seat(self.user).await?);
+            self.gave_back = false;
+        }
+        Ok(())
     }
 
     /// The seat, for an answer's body to hold until written.

@@ -151,19 +151,21 @@ pub struct Serve {
 pub enum Op {
     /// A GET by name (it decodes only `resourceVersion`: selectors, limits, watch and
     /// resourceVersionMatch are ignored, as upstream).
+    /// `include` is a Table's `includeObject`; the API server parses it when it writes
+    /// the answer, after reading: a read's own error (404, 504) comes first.
     Get {
         key: Key,
         name: String,
         namespace: Option<String>,
         min_rv: u64,
-        include: IncludeObject,
+        include: Result<IncludeObject, ApiError>,
     },
     List {
         key: Key,
         label: LabelSelector,
         field: FieldSelector,
         min_rv: u64,
-        include: IncludeObject,
+        include: Result<IncludeObject, ApiError>,
     },
     Watch(Box<WatchOp>),
     /// Found, once authorized, to be the API server's to answer.
@@ -286,8 +288,8 @@ fn operation(
     // Only a Table reads includeObject; any other answer ignores it, as upstream.
     let include = match format {
         Format::Table(_) => IncludeObject::parse(q.include_object.as_deref())
-            .map_err(|e| ApiError::bad_request(e.to_string()))?,
-        _ => IncludeObject::default(),
+            .map_err(|e| ApiError::bad_request(e.to_string())),
+        _ => Ok(IncludeObject::default()),
     };
     let namespace = rp.namespace.as_deref().filter(|_| resource.namespaced);
     let Some(name) = &rp.name else {
@@ -314,10 +316,12 @@ fn operation(
 fn list_or_watch(
     q: &Query,
     format: &Format,
-    include: IncludeObject,
+    include: Result<IncludeObject, ApiError>,
     namespace: Option<&str>,
     resource: &Arc<ResourceType>,
 ) -> Result<Op, ApiError> {
+    // A watch's answer is written as it is started: its includeObject is checked first.
+    let include = if q.watch() { Ok(include?) } else { include };
     let label = LabelSelector::parse(&q.label_selector)
         .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?;
     let field = FieldSelector::parse(&q.field_selector)
@@ -345,7 +349,7 @@ fn list_or_watch(
             key,
             label,
             field,
-            include,
+            include: include?,
             timeout_seconds,
             checked: watch_checks(q, format),
         })));
@@ -519,7 +523,12 @@ mod tests {
             ("GET", "/api/v1/namespaces/a/secrets/s", "resourceVersion=0&labelSelector=%3D%3D&watch=1", JSON, false, "get /api/v1/namespaces/a/secrets/s from 0"),
             ("GET", "/api/v1/namespaces/a/secrets/s", "resourceVersion=", JSON, false, "serve then bypass rv"),
             ("GET", "/api/v1/secrets/s", "", TABLE, false, "forward uncached"),
-            ("GET", "/api/v1/namespaces/a/secrets/s", "includeObject=Bogus", TABLE, false, "serve error 400"),
+            ("GET", "/api/v1/namespaces/a/secrets/s", "includeObject=Bogus", TABLE, false, "serve then bypass rv"),
+            // A Table's includeObject is the API server's last check, after the read (a
+            // read's 404 or 504 comes first): found when serving, not planning.
+            ("GET", "/api/v1/namespaces/a/secrets/s", "includeObject=Bogus&resourceVersion=0", TABLE, false, "get /api/v1/namespaces/a/secrets/s from 0"),
+            ("GET", "/api/v1/namespaces/a/secrets", "includeObject=Bogus&resourceVersion=0", TABLE, false, "list /api/v1/namespaces/a/secrets from 0"),
+            ("GET", "/api/v1/namespaces/a/secrets", "includeObject=Bogus&watch=1", TABLE, false, "serve error 400"),
             ("GET", "/api/v1/namespaces/a/secrets", "resourceVersion=0", JSON, false, "list /api/v1/namespaces/a/secrets from 0"),
             ("GET", "/api/v1/namespaces/a/secrets", "", JSON, false, "serve then bypass rv"),
             ("GET", "/api/v1/namespaces/a/secrets", "resourceVersion=0&limit=5&continue=x", JSON, false, "serve then bypass rv"),

@@ -476,18 +476,18 @@ pub enum Columns<'a> {
     Builtin,
 }
 
-/// How kcache may print a resource's Tables, given the upstream's column definitions for
-/// it: with those (its printer prints the same columns), or not at all (the upstream
-/// prints others: the request is forwarded).
+/// The column definitions kcache prints a resource's Tables with: the upstream's, when
+/// its printer prints the same columns; `None` when the upstream prints others, or when
+/// they were never learned (a failed probe at start: kcache cannot know they agree), and
+/// the request is forwarded.
 pub fn columns_for<'a>(
     group: &str,
     resource: &str,
     upstream: Option<&'a Value>,
-) -> Option<Columns<'a>> {
+) -> Option<&'a Value> {
     match upstream {
-        None => Some(Columns::Builtin),
-        Some(c) if Printer::for_resource(group, resource).agrees(c) => Some(Columns::Upstream(c)),
-        Some(_) => None,
+        Some(c) if Printer::for_resource(group, resource).agrees(c) => Some(c),
+        _ => None,
     }
 }
 
@@ -718,15 +718,14 @@ fn service_ports(svc: &Value) -> String {
     or_none(&ports.join(","))
 }
 
-/// Go's net.JoinHostPort: IPv6 hosts are bracketed.
-/// Up to three items joined, `+ N more...` past them, `<unset>` for none
-/// (`listWithMoreString`).
+/// Up to three items joined, `+ N more...` past them, `<unset>` when that is empty
+/// (`listWithMoreString`: an only port with an empty name and no number prints `<unset>`).
 fn list_with_more(items: impl Iterator<Item = String>) -> String {
     let all: Vec<String> = items.collect();
     let shown = all.iter().take(3).cloned().collect::<Vec<_>>().join(",");
     match all.len() {
-        0 => "<unset>".to_string(),
         n if n > 3 => format!("{shown} + {} more...", n - 3),
+        _ if shown.is_empty() => "<unset>".to_string(),
         _ => shown,
     }
 }
@@ -756,6 +755,7 @@ fn slice_endpoints(slice: &Value) -> String {
     }))
 }
 
+/// Go's net.JoinHostPort: IPv6 hosts are bracketed.
 fn join_host_port(host: &str, port: i64) -> String {
     if host.contains(':') {
         format!("[{host}]:{port}")

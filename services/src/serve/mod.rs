@@ -45,6 +45,9 @@ pub async fn serve(
 ) -> Result<Served, ApiError> {
     // The seat is held until the answer is written — dropped here for all but a list's
     // body, which keeps it until its last byte — except while the request only waits.
+    if let Op::Forward(reason) = op {
+        return Ok(Served::Forward(reason));
+    }
     let mut seat = SeatSlot::new(&state.fairness, &user.username, seat);
     // A Table is printed with the upstream's own column definitions, or not at all when
     // the upstream prints the resource's Tables with other columns.
@@ -123,7 +126,7 @@ async fn get(
     (name, namespace): (&str, Option<&str>),
     min_rv: u64,
     (format, columns): (Format, Option<&Value>),
-    include: table::IncludeObject,
+    include: Result<table::IncludeObject, ApiError>,
 ) -> Result<Served, ApiError> {
     // The snapshot may be a covering key's (`core::cover`): the object is found by name
     // and namespace either way.
@@ -163,6 +166,8 @@ async fn get(
         }
         Format::Table(v) => v,
     };
+    // Parsed as the API server parses it: writing the Table, after the read.
+    let include = include?;
     let body = table::to_table(
         v,
         table_columns(columns),
@@ -182,7 +187,7 @@ fn list(
     rv: u64,
     items: Vec<Arc<Object>>,
     (format, columns): (Format, Option<&Value>),
-    include: table::IncludeObject,
+    include: Result<table::IncludeObject, ApiError>,
     seat: Option<Seat>,
 ) -> Result<Served, ApiError> {
     let v = match format {
@@ -208,6 +213,8 @@ fn list(
         }
         Format::Table(v) => v,
     };
+    // Parsed as the API server parses it: writing the Table, after the read.
+    let include = include?;
     let values: Vec<Value> = items.iter().map(|o| o.to_value()).collect();
     let body = table::to_table(
         v,
@@ -259,15 +266,20 @@ async fn read(
     // new as the upstream before it answers (one batched probe per key however many read
     // at once), and read again.
     if !parks(state, &held.key, &snap) && !holds_credentials(&held.key) {
+        seat.back().await?;
         return Ok(Ok((held.key, snap)));
     }
-    if let Err(e) = seat.away(state.fresh.prove(&held.key, &held.addr)).await? {
+    if let Err(e) = seat.away(state.fresh.prove(&held.key, &held.addr)).await {
         tracing::info!(error = %e, "parked key not proven fresh; forwarding upstream");
         return Ok(Err(Reason::NotFresh));
     }
-    Ok(snapshot(&held.addr, min_rv, seat)
-        .await?
-        .map(|snap| (held.key, snap)))
+    let snap = match snapshot(&held.addr, min_rv, seat).await? {
+        Ok(snap) => snap,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    // The cache has work for the request again: its seat first.
+    seat.back().await?;
+    Ok(Ok((held.key, snap)))
 }
 
 /// Whether `key` holds Secrets: reads of them are proven fresh (`read`).
@@ -292,7 +304,7 @@ async fn snapshot(
     if let Ok(Some(snap)) = addr.send(TryRead { min_rv }).await {
         return Ok(Ok(snap));
     }
-    match seat.away(addr.send(Read { min_rv })).await? {
+    match seat.away(addr.send(Read { min_rv })).await {
         Ok(Ok(snap)) => Ok(Ok(snap)),
         Ok(Err(cached_object::Error::TooLargeResourceVersion { requested, current })) => {
             Err(ApiError::too_large_resource_version(requested, current))

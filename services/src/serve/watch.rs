@@ -89,49 +89,34 @@ pub async fn watch(
         .await
         .map_err(|_| ApiError::service_unavailable("kcache is shutting down"))?
         .map_err(|e| crate::limits::too_many_requests(e.to_string()))?;
+    // Until the watcher takes the reference over, it is given back however this ends: an
+    // answer, an error, or the client leaving while the watch waits (the future dropped).
+    let mut reference = Reference {
+        registry: registry.clone(),
+        key: Some((held.key.clone(), key.clone())),
+    };
     // A watch that starts with the key's state (from "0") must not hand out an object a
     // parked key has not yet heard was deleted: proven like a consistent read.
     let may_park = !start.consistent
         && plan.initial_events
         && state.cache.immutable_stop_watch
         && held.key.may_hold_immutable();
-    let parked = if may_park {
-        match snapshot(&held.addr, 0, seat).await {
-            Ok(Ok(snap)) => parks(state, &held.key, &snap),
-            Ok(Err(_)) => false,
-            // No seat came back after the wait (429): the watch was not accepted.
-            Err(e) => {
-                registry.do_send(Release {
-                    key: held.key,
-                    asked: key,
-                });
-                return Err(e);
-            }
-        }
-    } else {
-        false
-    };
+    let parked = may_park
+        && match snapshot(&held.addr, 0, seat).await? {
+            Ok(snap) => parks(state, &held.key, &snap),
+            Err(_) => false,
+        };
     let prove = start.consistent || parked;
     if prove {
-        let proof = match seat.away(state.fresh.prove(&held.key, &held.addr)).await {
-            Ok(proof) => proof,
-            Err(e) => {
-                registry.do_send(Release {
-                    key: held.key,
-                    asked: key,
-                });
-                return Err(e);
-            }
-        };
-        if let Err(e) = proof {
+        if let Err(e) = seat.away(state.fresh.prove(&held.key, &held.addr)).await {
             tracing::info!(error = %e, "consistent read not proven fresh; forwarding upstream");
-            registry.do_send(Release {
-                key: held.key,
-                asked: key,
-            });
             return Ok(Served::Forward(Reason::NotFresh));
         }
     }
+    // The cache has work for the request again: its seat first (429 when none comes: the
+    // watch was not accepted).
+    seat.back().await?;
+    reference.key = None;
     // Served by a covering key, the filter tests what the own key's upstream selector
     // would have guaranteed.
     let filter = Filter::new(label, cover::field_for(&key, &held.key, field));
@@ -186,6 +171,22 @@ fn compact_headers(headers: &mut HeaderMap) {
         small.append(name.clone(), value.clone());
     }
     *headers = small;
+}
+
+/// A watch's reference on its key, until its watcher takes it over: given back to the
+/// registry when dropped while still held.
+struct Reference {
+    registry: actix::Addr<kcache_actors::registry::Registry>,
+    /// The key held and the key asked for; `None` once handed to the watcher.
+    key: Option<(kcache_actors::core::key::Key, kcache_actors::core::key::Key)>,
+}
+
+impl Drop for Reference {
+    fn drop(&mut self) {
+        if let Some((key, asked)) = self.key.take() {
+            self.registry.do_send(Release { key, asked });
+        }
+    }
 }
 
 #[cfg(test)]
