@@ -40,8 +40,8 @@ pub type TableColumns = HashMap<(String, String, String), serde_json::Value>;
 /// What one small list of each resource (`limit=1`, asked for as a Table, kcache's own
 /// identity) shows of how the API server answers reads of it: its read warnings, and its
 /// Tables' column definitions. A resource whose list fails has neither recorded (logged):
-/// its answers then lack what the API server would have warned, and its Tables use
-/// kcache's printer's columns.
+/// its answers then lack what the API server would have warned, and its Tables are
+/// forwarded (kcache cannot know its printer's columns are the upstream's).
 pub async fn read_probe(
     client: &kube::Client,
     resources: &Resources,
@@ -90,7 +90,7 @@ pub async fn read_probe(
                         columns_of.insert(id.clone(), columns);
                     }
                     _ => {
-                        tracing::warn!(resource = %r.resource, "the API server did not answer a Table; kcache prints its own columns")
+                        tracing::warn!(resource = %r.resource, "the API server did not answer a Table; the resource's Table reads are forwarded")
                     }
                 }
             }
