@@ -45,14 +45,13 @@ pub async fn serve(
 ) -> Result<Served, ApiError> {
     // The seat is held until the answer is written — dropped here for all but a list's
     // body, which keeps it until its last byte — except while the request only waits.
-    if let Op::Forward(reason) = op {
-        return Ok(Served::Forward(reason));
-    }
     let mut seat = SeatSlot::new(&state.fairness, &user.username, seat);
     // A Table is printed with the upstream's own column definitions, or not at all when
-    // the upstream prints the resource's Tables with other columns.
-    let columns = match &format {
-        Format::Table(_) => {
+    // the upstream prints the resource's Tables with other columns (a request already
+    // forwarded keeps its own reason).
+    let columns = match (&op, &format) {
+        (Op::Forward(_), _) => None,
+        (_, Format::Table(_)) => {
             let id = (
                 resource.group.clone(),
                 resource.version.clone(),
