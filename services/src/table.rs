@@ -1,7 +1,7 @@
-//! `as=Table` answers for `kubectl get`: kcache's printers (kube-apiserver 1.20's cells and
-//! default columns), written with the column definitions the upstream itself prints when
-//! they are the same columns ([`columns_for`]); a resource the upstream prints otherwise is
-//! not printed here (its Tables are forwarded).
+//! `as=Table` answers for `kubectl get`: kcache's printers fill the cells as the reference
+//! version's do, and the Table carries the column definitions the upstream itself prints;
+//! a resource whose upstream columns are not the printer's (or were never learned) is not
+//! printed here ([`columns_for`]: its Tables are forwarded).
 
 use kcache_actors::core::time::format_rfc3339;
 use serde_json::{json, Map, Value};
@@ -336,145 +336,81 @@ fn age(obj: &Value, now: i64) -> String {
 // Columns
 // ---------------------------------------------------------------------------
 
+/// A column kcache's printer fills: what the upstream's definition of it must say
+/// (`Printer::agrees`); its description is the upstream's own.
 struct Column {
     name: &'static str,
     ty: &'static str,
     format: &'static str,
-    description: &'static str,
     priority: i64,
 }
 
 /// A column shown by plain `kubectl get`.
-const fn col(name: &'static str, ty: &'static str, description: &'static str) -> Column {
+const fn col(name: &'static str, ty: &'static str) -> Column {
     Column {
         name,
         ty,
         format: "",
-        description,
         priority: 0,
     }
 }
 
 /// A column shown only by `kubectl get -o wide`.
-const fn wide(name: &'static str, description: &'static str) -> Column {
+const fn wide(name: &'static str) -> Column {
     Column {
         name,
         ty: "string",
         format: "",
-        description,
         priority: 1,
     }
 }
-
-// Descriptions are the 1.20 API's field docs (ObjectMeta and core/v1 SwaggerDoc), which the
-// printers reuse, or the printers' own text.
-const DESC_NAME: &str = "Name must be unique within a namespace. Is required when creating resources, although some resources may allow a client to request the generation of an appropriate name automatically. Name is primarily intended for creation idempotence and configuration definition. Cannot be updated. More info: http://kubernetes.io/docs/user-guide/identifiers#names";
-const DESC_CREATED: &str = "CreationTimestamp is a timestamp representing the server time when this object was created. It is not guaranteed to be set in happens-before order across separate operations. Clients may not set this value. It is represented in RFC3339 form and is in UTC.\n\nPopulated by the system. Read-only. Null for lists. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata";
-const DESC_SECRET_TYPE: &str = "Used to facilitate programmatic handling of secret data.";
-const DESC_SECRET_DATA: &str = "Data contains the secret data. Each key must consist of alphanumeric characters, '-', '_' or '.'. The serialized form of the secret data is a base64 encoded string, representing the arbitrary (possibly non-string) data value here. Described in https://tools.ietf.org/html/rfc4648#section-4";
-const DESC_CONFIGMAP_DATA: &str = "Data contains the configuration data. Each key must consist of alphanumeric characters, '-', '_' or '.'. Values with non-UTF-8 byte sequences must use the BinaryData field. The keys stored in Data must not overlap with the keys in the BinaryData field, this is enforced during validation process.";
-const DESC_SERVICE_TYPE: &str = "type determines how the Service is exposed. Defaults to ClusterIP. Valid options are ExternalName, ClusterIP, NodePort, and LoadBalancer. \"ClusterIP\" allocates a cluster-internal IP address for load-balancing to endpoints. Endpoints are determined by the selector or if that is not specified, by manual construction of an Endpoints object or EndpointSlice objects. If clusterIP is \"None\", no virtual IP is allocated and the endpoints are published as a set of endpoints rather than a virtual IP. \"NodePort\" builds on ClusterIP and allocates a port on every node which routes to the same endpoints as the clusterIP. \"LoadBalancer\" builds on NodePort and creates an external load-balancer (if supported in the current cloud) which routes to the same endpoints as the clusterIP. \"ExternalName\" aliases this service to the specified externalName. Several other fields do not apply to ExternalName services. More info: https://kubernetes.io/docs/concepts/services-networking/service/#publishing-services-service-types";
-const DESC_CLUSTER_IP: &str = "clusterIP is the IP address of the service and is usually assigned randomly. If an address is specified manually, is in-range (as per system configuration), and is not in use, it will be allocated to the service; otherwise creation of the service will fail. This field may not be changed through updates unless the type field is also being changed to ExternalName (which requires this field to be blank) or the type field is being changed from ExternalName (in which case this field may optionally be specified, as describe above).  Valid values are \"None\", empty string (\"\"), or a valid IP address. Setting this to \"None\" makes a \"headless service\" (no virtual IP), which is useful when direct endpoint connections are preferred and proxying is not required.  Only applies to types ClusterIP, NodePort, and LoadBalancer. If this field is specified when creating a Service of type ExternalName, creation will fail. This field will be wiped when updating a Service to type ExternalName. More info: https://kubernetes.io/docs/concepts/services-networking/service/#virtual-ips-and-service-proxies";
-const DESC_EXTERNAL_IPS: &str = "externalIPs is a list of IP addresses for which nodes in the cluster will also accept traffic for this service.  These IPs are not managed by Kubernetes.  The user is responsible for ensuring that traffic arrives at a node with this IP.  A common example is external load-balancers that are not part of the Kubernetes system.";
-const DESC_PORTS: &str = "The list of ports that are exposed by this service. More info: https://kubernetes.io/docs/concepts/services-networking/service/#virtual-ips-and-service-proxies";
-const DESC_SELECTOR: &str = "Route service traffic to pods with label keys and values matching this selector. If empty or not present, the service is assumed to have an external process managing its endpoints, which Kubernetes will not modify. Only applies to types ClusterIP, NodePort, and LoadBalancer. Ignored if type is ExternalName. More info: https://kubernetes.io/docs/concepts/services-networking/service/";
-const DESC_SUBSETS: &str = "The set of all endpoints is the union of all subsets. Addresses are placed into subsets according to the IPs they share. A single address with multiple ports, some of which are ready and some of which are not (because they come from different containers) will result in the address being displayed in different subsets for the different ports. No address will appear in both Addresses and NotReadyAddresses in the same subset. Sets of addresses and ports that comprise a service.";
-const DESC_POD_IP: &str = "IP address allocated to the pod. Routable at least within the cluster. Empty if not yet allocated.";
-const DESC_NODE_NAME: &str = "NodeName is a request to schedule this pod onto a specific node. If it is non-empty, the scheduler simply schedules this pod onto that node, assuming that it fits resource requirements.";
-const DESC_NOMINATED_NODE: &str = "nominatedNodeName is set only when this pod preempts other pods on the node, but it cannot be scheduled right away as preemption victims receive their graceful termination periods. This field does not guarantee that the pod will be scheduled on this node. Scheduler may decide to place the pod elsewhere if other nodes become available sooner. Scheduler may also decide to give the resources on this node to a higher priority pod that is created after preemption. As a result, this field may be different than PodSpec.nodeName when the pod is scheduled.";
-const DESC_READINESS_GATES: &str = "If specified, all readiness gates will be evaluated for pod readiness. A pod is ready when all its containers are ready AND all conditions specified in the readiness gates have status equal to \"True\" More info: https://git.k8s.io/enhancements/keps/sig-network/0007-pod-ready%2B%2B.md";
 
 const NAME: Column = Column {
     name: "Name",
     ty: "string",
     format: "name",
-    description: DESC_NAME,
     priority: 0,
 };
-const AGE: Column = col("Age", "string", DESC_CREATED);
+const AGE: Column = col("Age", "string");
 
-const SECRET_COLUMNS: &[Column] = &[
-    NAME,
-    col("Type", "string", DESC_SECRET_TYPE),
-    col("Data", "string", DESC_SECRET_DATA),
-    AGE,
-];
-const CONFIGMAP_COLUMNS: &[Column] = &[NAME, col("Data", "string", DESC_CONFIGMAP_DATA), AGE];
-const NAMESPACE_COLUMNS: &[Column] = &[
-    NAME,
-    col("Status", "string", "The status of the namespace"),
-    AGE,
-];
+const SECRET_COLUMNS: &[Column] = &[NAME, col("Type", "string"), col("Data", "string"), AGE];
+const CONFIGMAP_COLUMNS: &[Column] = &[NAME, col("Data", "string"), AGE];
+const NAMESPACE_COLUMNS: &[Column] = &[NAME, col("Status", "string"), AGE];
 const SERVICE_COLUMNS: &[Column] = &[
     NAME,
-    col("Type", "string", DESC_SERVICE_TYPE),
-    col("Cluster-IP", "string", DESC_CLUSTER_IP),
-    col("External-IP", "string", DESC_EXTERNAL_IPS),
-    col("Port(s)", "string", DESC_PORTS),
+    col("Type", "string"),
+    col("Cluster-IP", "string"),
+    col("External-IP", "string"),
+    col("Port(s)", "string"),
     AGE,
-    wide("Selector", DESC_SELECTOR),
+    wide("Selector"),
 ];
-const ENDPOINTS_COLUMNS: &[Column] = &[NAME, col("Endpoints", "string", DESC_SUBSETS), AGE];
+const ENDPOINTS_COLUMNS: &[Column] = &[NAME, col("Endpoints", "string"), AGE];
 const POD_COLUMNS: &[Column] = &[
     NAME,
-    col(
-        "Ready",
-        "string",
-        "The aggregate readiness state of this pod for accepting traffic.",
-    ),
-    col(
-        "Status",
-        "string",
-        "The aggregate status of the containers in this pod.",
-    ),
-    col(
-        "Restarts",
-        "string",
-        "The number of times the containers in this pod have been restarted and when the last container in this pod has restarted.",
-    ),
+    col("Ready", "string"),
+    col("Status", "string"),
+    col("Restarts", "string"),
     AGE,
-    wide("IP", DESC_POD_IP),
-    wide("Node", DESC_NODE_NAME),
-    wide("Nominated Node", DESC_NOMINATED_NODE),
-    wide("Readiness Gates", DESC_READINESS_GATES),
+    wide("IP"),
+    wide("Node"),
+    wide("Nominated Node"),
+    wide("Readiness Gates"),
 ];
-/// `printEndpointSlice`'s columns (1.37); descriptions are the API's field docs, which
-/// the upstream's own column definitions carry (`Columns::Upstream`).
+/// `printEndpointSlice`'s columns (1.37).
 const ENDPOINTSLICE_COLUMNS: &[Column] = &[
     NAME,
-    col(
-        "AddressType",
-        "string",
-        "addressType specifies the type of address carried by this EndpointSlice.",
-    ),
-    col(
-        "Ports",
-        "string",
-        "ports specifies the list of network ports exposed by each endpoint in this slice.",
-    ),
-    col(
-        "Endpoints",
-        "string",
-        "endpoints is a list of unique endpoints in this slice.",
-    ),
+    col("AddressType", "string"),
+    col("Ports", "string"),
+    col("Endpoints", "string"),
     AGE,
 ];
 /// The API server's default table convertor, for resources without a printer.
-const DEFAULT_COLUMNS: &[Column] = &[NAME, col("Created At", "date", DESC_CREATED)];
+const DEFAULT_COLUMNS: &[Column] = &[NAME, col("Created At", "date")];
 
 // ---------------------------------------------------------------------------
 // Printers
 // ---------------------------------------------------------------------------
-
-/// The column definitions a Table is written with.
-#[derive(Clone, Copy)]
-pub enum Columns<'a> {
-    /// The upstream's own, learned from one Table it printed (`discovery::read_probe`):
-    /// its descriptions, as the version in front of kcache words them.
-    Upstream(&'a Value),
-    /// kcache's printer's (the upstream's were not learned).
-    Builtin,
-}
 
 /// The column definitions kcache prints a resource's Tables with: the upstream's, when
 /// its printer prints the same columns; `None` when the upstream prints others, or when
@@ -491,7 +427,7 @@ pub fn columns_for<'a>(
     }
 }
 
-/// Which 1.20 printer renders a resource. The API server prints every column, wide ones
+/// Which printer renders a resource. The API server prints every column, wide ones
 /// included (kubectl hides priority > 0 unless `-o wide`), so rows always fill every column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Printer {
@@ -548,6 +484,9 @@ impl Printer {
             })
     }
 
+    /// Definitions of this printer's columns, as an upstream that agrees prints them
+    /// (less their descriptions).
+    #[cfg(test)]
     fn column_definitions(self) -> Value {
         self.columns()
             .iter()
@@ -556,7 +495,6 @@ impl Printer {
                     "name": c.name,
                     "type": c.ty,
                     "format": c.format,
-                    "description": c.description,
                     "priority": c.priority,
                 })
             })
@@ -1080,7 +1018,7 @@ fn row_object(obj: &Value, include: IncludeObject, version: TableVersion) -> Opt
 #[allow(clippy::too_many_arguments)]
 pub fn to_table(
     version: TableVersion,
-    columns: Columns<'_>,
+    columns: &Value,
     group: &str,
     resource: &str,
     objects: &[&Value],
@@ -1089,10 +1027,6 @@ pub fn to_table(
     now: i64,
 ) -> Value {
     let printer = Printer::for_resource(group, resource);
-    let columns = match columns {
-        Columns::Upstream(c) => c.clone(),
-        Columns::Builtin => printer.column_definitions(),
-    };
     let rows: Vec<Value> = objects
         .iter()
         .map(|obj| {
@@ -1118,7 +1052,7 @@ pub fn to_table(
         "kind": "Table",
         "apiVersion": version.api_version(),
         "metadata": metadata,
-        "columnDefinitions": columns,
+        "columnDefinitions": columns.clone(),
         "rows": rows,
     })
 }
@@ -2079,11 +2013,6 @@ mod tests {
             for (i, d) in defs.iter().enumerate() {
                 let format = if i == 0 { "name" } else { "" };
                 assert_eq!(d["format"], format, "{group}/{resource} {}", d["name"]);
-                assert!(
-                    !d["description"].as_str().unwrap_or_default().is_empty(),
-                    "{group}/{resource} {} has a description",
-                    d["name"]
-                );
             }
             // Every row fills every column.
             let obj = json!({"metadata": meta("x")});
@@ -2125,7 +2054,7 @@ mod tests {
         for (version, include, object) in cases {
             let t = to_table(
                 *version,
-                Columns::Builtin,
+                &Printer::for_resource("", "secrets").column_definitions(),
                 "",
                 "secrets",
                 &[&secret],
@@ -2149,7 +2078,7 @@ mod tests {
         // An empty list is still a Table with its columns.
         let t = to_table(
             TableVersion::V1,
-            Columns::Builtin,
+            &Printer::for_resource("", "pods").column_definitions(),
             "",
             "pods",
             &[],
@@ -2161,7 +2090,7 @@ mod tests {
         assert_eq!(t["columnDefinitions"].as_array().map(Vec::len), Some(9));
         let t = to_table(
             TableVersion::V1,
-            Columns::Builtin,
+            &Printer::for_resource("", "pods").column_definitions(),
             "",
             "pods",
             &[],
@@ -2179,7 +2108,7 @@ mod tests {
         let failed = pod(1, json!({"phase": "Failed"}));
         let t = to_table(
             TableVersion::V1,
-            Columns::Builtin,
+            &Printer::for_resource("", "pods").column_definitions(),
             "",
             "pods",
             &[&done, &failed],

@@ -59,7 +59,7 @@ pub async fn serve(
             );
             let upstream = state.table_columns.get().and_then(|c| c.get(&id));
             match table::columns_for(&resource.group, &resource.resource, upstream) {
-                Some(_) => upstream.cloned(),
+                Some(columns) => Some(columns.clone()),
                 None => return Ok(Served::Forward(Reason::Table)),
             }
         }
@@ -165,11 +165,15 @@ async fn get(
         }
         Format::Table(v) => v,
     };
+    // Set for every Table `serve` lets through (`table::columns_for`).
+    let Some(columns) = columns else {
+        return Ok(Served::Forward(Reason::Table));
+    };
     // Parsed as the API server parses it: writing the Table, after the read.
     let include = include?;
     let body = table::to_table(
         v,
-        table_columns(columns),
+        columns,
         &resource.group,
         &resource.resource,
         &[&obj.to_value()],
@@ -212,12 +216,16 @@ fn list(
         }
         Format::Table(v) => v,
     };
+    // Set for every Table `serve` lets through (`table::columns_for`).
+    let Some(columns) = columns else {
+        return Ok(Served::Forward(Reason::Table));
+    };
     // Parsed as the API server parses it: writing the Table, after the read.
     let include = include?;
     let values: Vec<Value> = items.iter().map(|o| o.to_value()).collect();
     let body = table::to_table(
         v,
-        table_columns(columns),
+        columns,
         &resource.group,
         &resource.resource,
         &values.iter().collect::<Vec<_>>(),
@@ -315,11 +323,6 @@ async fn snapshot(
         }
         Err(_) => Ok(Err(Reason::NotReady)),
     }
-}
-
-/// The columns a Table is written with: the upstream's when learned.
-fn table_columns(upstream: Option<&Value>) -> table::Columns<'_> {
-    upstream.map_or(table::Columns::Builtin, table::Columns::Upstream)
 }
 
 fn now_secs() -> i64 {

@@ -58,11 +58,15 @@ pub async fn watch(
         Format::Json => Encoder::Json,
         Format::Protobuf(codec) => Encoder::Protobuf(codec),
         Format::Table(version) => {
+            // Set for every Table `serve` lets through (`table::columns_for`).
+            let Some(columns) = columns else {
+                return Ok(Served::Forward(Reason::Table));
+            };
             let resource = key.resource.clone();
             Encoder::Custom(Arc::new(move |kind: EventType, obj: &Object| -> Bytes {
                 let t = table::to_table(
                     version,
-                    super::table_columns(columns.as_ref()),
+                    &columns,
                     &resource.group,
                     &resource.resource,
                     &[&obj.to_value()],
