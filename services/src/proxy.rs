@@ -324,18 +324,19 @@ fn unforwardable(user: &crate::auth::UserInfo) -> Option<String> {
             "kcache cannot forward user \"system:anonymous\" to the API server without the group system:unauthenticated (the API server would add it); use the API server directly".into(),
         );
     }
-    if !header_exact(&user.username) {
-        return Some(format!(
-            "kcache cannot forward user {} to the API server: an HTTP header cannot carry the name unchanged (leading or trailing space, or a control character); use the API server directly",
-            quote(&user.username)
-        ));
-    }
-    user.groups.iter().find(|g| !header_exact(g)).map(|g| {
+    let uncarried = |what: &str, name: &str| {
         format!(
-            "kcache cannot forward group {} to the API server: an HTTP header cannot carry the name unchanged (leading or trailing space, or a control character); use the API server directly",
-            quote(g)
+            "kcache cannot forward {what} {} to the API server: an HTTP header cannot carry the name unchanged (leading or trailing space, or a control character); use the API server directly",
+            quote(name)
         )
-    })
+    };
+    if !header_exact(&user.username) {
+        return Some(uncarried("user", &user.username));
+    }
+    user.groups
+        .iter()
+        .find(|g| !header_exact(g))
+        .map(|g| uncarried("group", g))
 }
 
 impl Proxy {
