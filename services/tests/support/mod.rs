@@ -324,6 +324,11 @@ impl TestCluster {
             "/CN=kcache-test-client-ca",
             &[],
         );
+        self.write_kubeconfig();
+    }
+
+    /// The admin kubeconfig for the API server's URL (written again if its port moves).
+    fn write_kubeconfig(&self) {
         std::fs::write(
             &self.kubeconfig,
             format!(
@@ -461,6 +466,7 @@ impl TestCluster {
                     self.apiserver = None;
                     self.port = free_port();
                     self.url = format!("https://127.0.0.1:{}", self.port);
+                    self.write_kubeconfig();
                 }
                 Err(log) => panic!("{log}"),
             }
