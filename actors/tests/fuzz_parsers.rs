@@ -299,8 +299,12 @@ proptest! {
             } else {
                 prop_assert!(sie.is_none());
                 let plan = plan_list(rv, parsed, limit, cont);
-                if cont || parsed == Some(RvMatch::Exact) || rv == Rv::Unset {
+                if cont || parsed == Some(RvMatch::Exact) {
                     prop_assert_eq!(plan, rv::ListPlan::Upstream);
+                }
+                // A read with the resourceVersion unset is never served unproven.
+                if let rv::ListPlan::Cache { consistent, .. } = plan {
+                    prop_assert_eq!(consistent, rv == Rv::Unset);
                 }
             }
         }

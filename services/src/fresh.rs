@@ -1,5 +1,5 @@
 //! Consistent reads from the cache: before a request that asks for the upstream's
-//! current state (a streaming list with the resourceVersion omitted), any read of a
+//! current state (a list or streaming list with the resourceVersion omitted), any read of a
 //! parked key (which has no upstream watch to hear of a deletion), or any read of Secrets
 //! (a deleted credential must not stay readable, not even for the moment a watch's event
 //! takes to arrive), is served from a
@@ -74,7 +74,7 @@ pub fn describe() {
     );
     metrics::describe_counter!(
         CONSISTENT_READS,
-        "Consistent reads (streaming lists with the resourceVersion omitted, and reads answered by a parked key or of Secrets), by outcome: fresh (served at once), waited (served once the key caught up), forwarded (sent to the API server: probe failed or the key did not catch up in time)."
+        "Consistent reads (lists and streaming lists with the resourceVersion omitted, and reads answered by a parked key or of Secrets), by outcome: fresh (served at once), waited (served once the key caught up), forwarded (sent to the API server: probe failed or the key did not catch up in time)."
     );
     for result in ["ok", "error"] {
         metrics::counter!(PROBES, "result" => result).increment(0);

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use kcache_actors::core::key::{route, Key, ResourceType};
 use kcache_actors::core::proto::Codec;
-use kcache_actors::core::rv::{plan_list, plan_watch, ListPlan, Rv, WatchPlan};
+use kcache_actors::core::rv::{plan_get, plan_list, plan_watch, ListPlan, Rv, WatchPlan};
 use kcache_actors::core::selector::{FieldSelector, LabelSelector};
 
 use crate::authz::Attributes;
@@ -165,6 +165,9 @@ pub enum Op {
         label: LabelSelector,
         field: FieldSelector,
         min_rv: u64,
+        /// The resourceVersion was unset: a consistent read, served once the key is
+        /// proven at least as new as the upstream was when the request arrived.
+        consistent: bool,
         include: Result<IncludeObject, ApiError>,
     },
     Watch(Box<WatchOp>),
@@ -295,7 +298,7 @@ fn operation(
     let Some(name) = &rp.name else {
         return list_or_watch(q, format, include, namespace, resource);
     };
-    let ListPlan::Cache { min_rv } = plan_list(q.watch_or_get_rv()?, None, None, false) else {
+    let ListPlan::Cache { min_rv, .. } = plan_get(q.watch_or_get_rv()?) else {
         return Ok(Op::Forward(Reason::Rv));
     };
     Ok(Op::Get {
@@ -363,7 +366,7 @@ fn list_or_watch(
         limit,
         q.continue_token.is_some(),
     );
-    let ListPlan::Cache { min_rv } = plan else {
+    let ListPlan::Cache { min_rv, consistent } = plan else {
         return Ok(Op::Forward(Reason::Rv));
     };
     Ok(Op::List {
@@ -371,6 +374,7 @@ fn list_or_watch(
         label,
         field,
         min_rv,
+        consistent,
         include,
     })
 }
@@ -476,6 +480,11 @@ mod tests {
             Plan::Serve(s) => match &s.op {
                 Err(e) => format!("serve error {}", e.code),
                 Ok(Op::Get { key, min_rv, .. }) => format!("get {key} from {min_rv}"),
+                Ok(Op::List {
+                    key,
+                    consistent: true,
+                    ..
+                }) => format!("consistent list {key}"),
                 Ok(Op::List { key, min_rv, .. }) => format!("list {key} from {min_rv}"),
                 Ok(Op::Forward(r)) => format!("serve then bypass {}", reason(r)),
                 Ok(Op::Watch(w)) => match &w.checked {
@@ -530,7 +539,13 @@ mod tests {
             ("GET", "/api/v1/namespaces/a/secrets", "includeObject=Bogus&resourceVersion=0", TABLE, false, "list /api/v1/namespaces/a/secrets from 0"),
             ("GET", "/api/v1/namespaces/a/secrets", "includeObject=Bogus&watch=1", TABLE, false, "serve error 400"),
             ("GET", "/api/v1/namespaces/a/secrets", "resourceVersion=0", JSON, false, "list /api/v1/namespaces/a/secrets from 0"),
-            ("GET", "/api/v1/namespaces/a/secrets", "", JSON, false, "serve then bypass rv"),
+            // A list without a resourceVersion is a consistent read, served once proven fresh;
+            // paginated, it is the API server's.
+            ("GET", "/api/v1/namespaces/a/secrets", "", JSON, false, "consistent list /api/v1/namespaces/a/secrets"),
+            ("GET", "/api/v1/namespaces/a/secrets", "resourceVersion=", TABLE, false, "consistent list /api/v1/namespaces/a/secrets"),
+            ("GET", "/api/v1/namespaces/a/secrets", "limit=0", PROTOBUF, false, "consistent list /api/v1/namespaces/a/secrets"),
+            ("GET", "/api/v1/namespaces/a/secrets", "limit=500", JSON, false, "serve then bypass rv"),
+            ("GET", "/api/v1/namespaces/a/secrets", "resourceVersionMatch=NotOlderThan", JSON, false, "serve error 422"),
             ("GET", "/api/v1/namespaces/a/secrets", "resourceVersion=0&limit=5&continue=x", JSON, false, "serve then bypass rv"),
             ("GET", "/api/v1/namespaces/a/secrets", "labelSelector=a%3D%3D%3D", JSON, false, "serve error 400"),
             ("GET", "/api/v1/namespaces/a/secrets", "fieldSelector=data.x%3Dy", JSON, false, "serve error 400"),

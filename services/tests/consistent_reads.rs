@@ -157,6 +157,136 @@ async fn streaming_lists_see_every_write_made_before_them() {
     );
 }
 
+async fn put_configmap(client: &kube::Client, ns: &str, name: &str, value: &str) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), ns);
+    let obj: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"round": "any"}},
+        "data": {"v": value},
+    }))
+    .expect("configmap");
+    let pp = kube::api::PatchParams::apply("test").force();
+    api.patch(name, &pp, &kube::api::Patch::Apply(&obj))
+        .await
+        .expect("apply configmap");
+}
+
+async fn delete_configmap(client: &kube::Client, ns: &str, name: &str) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), ns);
+    api.delete(name, &Default::default())
+        .await
+        .expect("delete configmap");
+}
+
+/// A list's `name → data.v`, and its resourceVersion.
+fn list_state(path: &str, code: u16, list: &Value) -> (BTreeMap<String, String>, u64) {
+    assert_eq!(code, 200, "{path}: {list}");
+    let items = list["items"].as_array().expect("a list");
+    let state = items
+        .iter()
+        .map(|o| {
+            (
+                o["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                o["data"]["v"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("list RV");
+    (state, rv)
+}
+
+/// A list with the resourceVersion unset (a controller's relist, a script's read) is a
+/// consistent read as well: served from the cache once proven fresh, it sees every write
+/// that completed before it was sent, as the API server's own list does. ConfigMaps, whose
+/// keys are proven only for a consistent read (Secrets' are proven for every read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_without_a_resource_version_see_every_write_made_before_them() {
+    let cluster = TestCluster::start().await;
+    let k = Kcache::start(&cluster, "").await;
+    let admin = cluster.kube_client().await;
+    support::create_namespace(&admin, "lists").await;
+    put_configmap(&admin, "lists", "base", "0").await;
+    let kc = Http::new(&k.url);
+    let api = Http::new(&cluster.url);
+    const ALL: &str = "/api/v1/namespaces/lists/configmaps";
+    const ONE: &str = "/api/v1/namespaces/lists/configmaps?fieldSelector=metadata.name%3Dbase";
+    const LABELLED: &str = "/api/v1/namespaces/lists/configmaps?labelSelector=round%3Dany";
+    // Keys already synced, kept running by watches: each read below may be served by a
+    // key whose event of the write is still on its way.
+    let _ns_watch = kc
+        .watch_ok(&format!("{ALL}?watch=1&resourceVersion=0"))
+        .await;
+    let _name_watch = kc
+        .watch_ok(&format!("{ONE}&watch=1&resourceVersion=0"))
+        .await;
+    let before = k.metrics_text().await;
+    const ROUNDS: usize = 30;
+    for i in 0..ROUNDS {
+        let value = i.to_string();
+        let extra = format!("c{i}");
+        put_configmap(&admin, "lists", "base", &value).await;
+        put_configmap(&admin, "lists", &extra, &value).await;
+        if i > 0 {
+            delete_configmap(&admin, "lists", &format!("c{}", i - 1)).await;
+        }
+        let (code, list) = kc.get_admin(ALL).await;
+        let (state, rv) = list_state(ALL, code, &list);
+        let (code, list) = kc.get_admin(ONE).await;
+        let (one, _) = list_state(ONE, code, &list);
+        let (code, list) = kc.get_admin(LABELLED).await;
+        let (labelled, _) = list_state(LABELLED, code, &list);
+        let want: BTreeMap<String, String> =
+            [("base".to_string(), value.clone()), (extra, value.clone())].into();
+        assert_eq!(
+            state, want,
+            "round {i}: the namespace through kcache (RV {rv})"
+        );
+        assert_eq!(labelled, want, "round {i}: a label selector through kcache");
+        assert_eq!(
+            one,
+            [("base".to_string(), value.clone())].into(),
+            "round {i}: the name key through kcache"
+        );
+        // The API server's own list says the same, at a resourceVersion no older.
+        let (code, list) = api.get_admin(ALL).await;
+        let (direct, direct_rv) = list_state(ALL, code, &list);
+        assert_eq!(state, direct, "round {i}: kcache against the API server");
+        assert!(
+            rv <= direct_rv,
+            "round {i}: kcache's RV {rv} after the API server's {direct_rv}"
+        );
+    }
+    // Served by kcache, not forwarded: every list was proven fresh (at once or after the
+    // key caught up), none went to the API server.
+    let after = k.metrics_text().await;
+    let count = |text: &str, metric: &str, labels: &str| {
+        support::kcache::sum_samples(text, metric, Some(labels))
+    };
+    let reads = "kcache_consistent_reads_total";
+    let served = count(&after, reads, "outcome=\"fresh\"")
+        + count(&after, reads, "outcome=\"waited\"")
+        - count(&before, reads, "outcome=\"fresh\"")
+        - count(&before, reads, "outcome=\"waited\"");
+    let forwarded = count(&after, reads, "outcome=\"forwarded\"")
+        - count(&before, reads, "outcome=\"forwarded\"");
+    assert_eq!(forwarded, 0.0, "consistent lists forwarded upstream");
+    assert_eq!(
+        served,
+        (3 * ROUNDS) as f64,
+        "consistent lists served by kcache"
+    );
+    let bypassed = "kcache_cache_bypassed_total";
+    assert_eq!(
+        count(&after, bypassed, "reason=\"rv\""),
+        count(&before, bypassed, "reason=\"rv\""),
+        "no list forwarded for its resourceVersion"
+    );
+}
+
 /// A name key whose object is immutable parks its upstream watch (as the kubelet's
 /// manager stops watching immutable objects) and would not hear of a deletion for
 /// `immutable_verify_secs`. A consistent read must not be answered from it: the proof sees

@@ -1,6 +1,6 @@
 //! Whether a key's state is at least as new as the upstream's at a given moment: the
-//! freshness proof behind consistent reads (a streaming list with the resourceVersion
-//! omitted) served from the cache.
+//! freshness proof behind consistent reads (a list or streaming list with the
+//! resourceVersion omitted) served from the cache.
 //!
 //! The reference API server proves its watch cache fresh with etcd's progress
 //! notifications (`waitUntilFreshAndBlock` after `GetCurrentResourceVersion`). kcache has no

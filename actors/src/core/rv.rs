@@ -275,16 +275,20 @@ pub fn parse_bool(param: &'static str, s: Option<&str>) -> Result<Option<bool>> 
 /// How a list or get is answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ListPlan {
-    /// From the cache once the key's progress is at least `min_rv` (0: as soon as synced).
-    Cache { min_rv: u64 },
+    /// From the cache once the key's progress is at least `min_rv` (0: as soon as synced);
+    /// `consistent`: only once the key is proven at least as new as the upstream was when
+    /// the request arrived (`core::fresh`), the guarantee of a read with the
+    /// resourceVersion unset.
+    Cache { min_rv: u64, consistent: bool },
     /// Forwarded to the API server unchanged.
     Upstream,
 }
 
 /// Where a [`validate`]d list is served. The cache serves `0` and NotOlderThan without a
-/// limit (`0` ignores the limit, as the API server's cache does); RV unset (a consistent
-/// read), `Exact`, `continue`, and a limit with an RV other than `0` are forwarded — the
-/// API server answers those from its own snapshots (1.34+), which kcache does not keep yet.
+/// limit (`0` ignores the limit, as the API server's cache does), and a consistent read
+/// (RV unset) without a limit once proven fresh; `Exact`, `continue`, and a limit with an
+/// RV other than `0` are forwarded — the API server answers those from its own snapshots
+/// (1.34+), which kcache does not keep yet.
 pub fn plan_list(
     rv: Rv,
     rv_match: Option<RvMatch>,
@@ -292,14 +296,26 @@ pub fn plan_list(
     has_continue: bool,
 ) -> ListPlan {
     let has_limit = limit.is_some_and(|l| l > 0);
-    if rv == Rv::Unset
-        || has_continue
-        || (has_limit && rv != Rv::Any)
-        || rv_match == Some(RvMatch::Exact)
-    {
+    if has_continue || (has_limit && rv != Rv::Any) || rv_match == Some(RvMatch::Exact) {
         return ListPlan::Upstream;
     }
-    ListPlan::Cache { min_rv: rv.floor() }
+    ListPlan::Cache {
+        min_rv: rv.floor(),
+        consistent: rv == Rv::Unset,
+    }
+}
+
+/// Where a GET by name is served: at `0` or `N` from the cache; with the resourceVersion
+/// unset upstream — the API server reads one key from etcd, which no freshness proof of
+/// a cached key could make cheaper.
+pub fn plan_get(rv: Rv) -> ListPlan {
+    match rv {
+        Rv::Unset => ListPlan::Upstream,
+        _ => ListPlan::Cache {
+            min_rv: rv.floor(),
+            consistent: false,
+        },
+    }
 }
 
 /// A [`validate`]d watch's start.
@@ -504,26 +520,23 @@ mod tests {
     fn list_plans() {
         use ListPlan::*;
         use RvMatch::*;
+        let cache = |min_rv| Cache {
+            min_rv,
+            consistent: false,
+        };
+        let consistent = Cache {
+            min_rv: 0,
+            consistent: true,
+        };
         let cases = [
-            (Rv::Unset, None, None, false, Upstream),
+            (Rv::Unset, None, None, false, consistent),
+            (Rv::Unset, None, Some(0), false, consistent),
             (Rv::Unset, None, Some(500), false, Upstream),
-            (Rv::Any, None, None, false, Cache { min_rv: 0 }),
-            (Rv::Any, None, Some(500), false, Cache { min_rv: 0 }),
-            (Rv::At(5), None, None, false, Cache { min_rv: 5 }),
-            (
-                Rv::At(5),
-                Some(NotOlderThan),
-                None,
-                false,
-                Cache { min_rv: 5 },
-            ),
-            (
-                Rv::Any,
-                Some(NotOlderThan),
-                None,
-                false,
-                Cache { min_rv: 0 },
-            ),
+            (Rv::Any, None, None, false, cache(0)),
+            (Rv::Any, None, Some(500), false, cache(0)),
+            (Rv::At(5), None, None, false, cache(5)),
+            (Rv::At(5), Some(NotOlderThan), None, false, cache(5)),
+            (Rv::Any, Some(NotOlderThan), None, false, cache(0)),
             (Rv::At(5), None, Some(10), false, Upstream),
             (Rv::At(5), Some(Exact), None, false, Upstream),
             (Rv::Unset, None, None, true, Upstream),
@@ -533,6 +546,20 @@ mod tests {
                 plan_list(rv, m, limit, cont),
                 want,
                 "{rv:?} {m:?} {limit:?} {cont}"
+            );
+        }
+    }
+
+    #[test]
+    fn get_plans() {
+        assert_eq!(plan_get(Rv::Unset), ListPlan::Upstream);
+        for (rv, min_rv) in [(Rv::Any, 0), (Rv::At(7), 7)] {
+            assert_eq!(
+                plan_get(rv),
+                ListPlan::Cache {
+                    min_rv,
+                    consistent: false
+                }
             );
         }
     }

@@ -92,9 +92,11 @@ pub async fn serve(
             label,
             field,
             min_rv,
+            consistent,
             include,
         } => {
-            let (held, snap) = match read(state, (user, &mut seat), key.clone(), min_rv).await? {
+            let read = read(state, (user, &mut seat), key.clone(), (min_rv, consistent)).await?;
+            let (held, snap) = match read {
                 Ok(read) => read,
                 Err(reason) => return Ok(Served::Forward(reason)),
             };
@@ -129,7 +131,7 @@ async fn get(
 ) -> Result<Served, ApiError> {
     // The snapshot may be a covering key's (`core::cover`): the object is found by name
     // and namespace either way.
-    let (_, snap) = match read(state, who, key, min_rv).await? {
+    let (_, snap) = match read(state, who, key, (min_rv, false)).await? {
         Ok(read) => read,
         Err(reason) => return Ok(Served::Forward(reason)),
     };
@@ -236,14 +238,15 @@ fn list(
     Ok(Served::Response(json_response(&body)))
 }
 
-/// A snapshot of `key`, or of a running key covering it, at `min_rv` or later, holding
-/// that key for the grace period; the key it is of and the snapshot, or `Err` with the
-/// reason when the API server should answer instead.
+/// A snapshot of `key`, or of a running key covering it, at `min_rv` or later — and, for
+/// a `consistent` read, at least as new as the upstream was when the request arrived —
+/// holding that key for the grace period; the key it is of and the snapshot, or `Err` with
+/// the reason when the API server should answer instead.
 async fn read(
     state: &ApiState,
     (user, seat): (&UserInfo, &mut SeatSlot<'_>),
     key: Key,
-    min_rv: u64,
+    (min_rv, consistent): (u64, bool),
 ) -> Result<Result<(Key, cached_object::Snapshot), Reason>, ApiError> {
     let held = state
         .registry
@@ -266,18 +269,19 @@ async fn read(
         Ok(snap) => snap,
         Err(reason) => return Ok(Err(reason)),
     };
-    // A deleted credential must not stay readable. A parked key (its objects all
-    // immutable, no upstream watch) hears of a deletion or re-creation only when next
-    // verified; a watching key hears of it a moment after a watch of the API server's own
-    // does (its events travel one more hop). A Secret's key, and a parked key, is proven as
-    // new as the upstream before it answers (one batched probe per key however many read
-    // at once), and read again.
-    if !parks(state, &held.key, &snap) && !holds_credentials(&held.key) {
+    // A consistent read asks for the upstream's state when it arrived. And a deleted
+    // credential must not stay readable: a parked key (its objects all immutable, no
+    // upstream watch) hears of a deletion or re-creation only when next verified; a
+    // watching key hears of it a moment after a watch of the API server's own does (its
+    // events travel one more hop). A consistent read, a Secret's key and a parked key are
+    // proven as new as the upstream before they answer (one batched probe per key however
+    // many read at once), and read again.
+    if !consistent && !parks(state, &held.key, &snap) && !holds_credentials(&held.key) {
         seat.back().await?;
         return Ok(Ok((held.key, snap)));
     }
     if let Err(e) = seat.away(state.fresh.prove(&held.key, &held.addr)).await {
-        tracing::info!(error = %e, "parked key not proven fresh; forwarding upstream");
+        tracing::info!(error = %e, "read not proven fresh; forwarding upstream");
         return Ok(Err(Reason::NotFresh));
     }
     let snap = match snapshot(&held.addr, min_rv, seat).await? {
