@@ -21,6 +21,7 @@ use crate::config::CacheConfig;
 use crate::core::backfill::{self, Replay};
 use crate::core::coalesce;
 use crate::core::event::{StoreEvent, BACKFILLED_SEQ};
+use crate::core::history::{self, Past};
 use crate::core::key::Key;
 use crate::core::key_machine::{self, Continue, Effect, Failure, Input, KeyMachine, WatchStart};
 use crate::core::object::EventType;
@@ -51,6 +52,10 @@ pub enum Error {
     /// The key is stopping; the caller should retry (it gets a new CachedObject).
     #[error("the cache for {key} is shutting down")]
     Stopping { key: String },
+    /// A read of the state at a resourceVersion whose changes since left the window
+    /// (`core::history`).
+    #[error("too old resource version: {requested} ({oldest})")]
+    TooOld { requested: u64, oldest: u64 },
 }
 
 impl Error {
@@ -59,6 +64,7 @@ impl Error {
         match self {
             Error::TooLargeResourceVersion { .. } => (504, "Timeout"),
             Error::NotSynced { .. } | Error::Stopping { .. } => (503, "ServiceUnavailable"),
+            Error::TooOld { .. } => (410, "Expired"),
         }
     }
 
@@ -82,23 +88,26 @@ pub struct Snapshot {
     pub rv: u64,
 }
 
-/// Read the key once it is synced and at least `min_rv` fresh.
+/// Read the key once it is synced and at least `min_rv` fresh: its current state, or —
+/// `at` — its state at exactly that resourceVersion (`min_rv` is then `at`).
 pub struct Read {
     pub min_rv: u64,
+    pub at: Option<u64>,
 }
 
 impl Message for Read {
     type Result = Result<Snapshot>;
 }
 
-/// The key's snapshot if it is synced and at least `min_rv` fresh now, else `None` at once
-/// (a reader that would wait gives its seat back first, then sends [`Read`]).
+/// What [`Read`] would answer if the key is synced and fresh enough now, else `None` at
+/// once (a reader that would wait gives its seat back first, then sends [`Read`]).
 pub struct TryRead {
     pub min_rv: u64,
+    pub at: Option<u64>,
 }
 
 impl Message for TryRead {
-    type Result = Option<Snapshot>;
+    type Result = Option<Result<Snapshot>>;
 }
 
 /// Move live watchers to `to` (coalescing onto a covering key, or splitting back to their
@@ -133,7 +142,7 @@ pub struct Drain;
 
 /// A read or watch waiting for the key to be fresh enough (`KeyMachine` decides when).
 enum Waiter {
-    Read(oneshot::Sender<Result<Snapshot>>),
+    Read(oneshot::Sender<Result<Snapshot>>, Option<u64>),
     Watch(Subscribe),
 }
 
@@ -237,8 +246,8 @@ impl CachedObject {
                     metrics::histogram!(m::READ_WAIT, &self.labels)
                         .record(waited_ms as f64 / 1000.0);
                     match self.waiting.remove(&id) {
-                        Some(Waiter::Read(tx)) => {
-                            let _ = tx.send(Ok(self.snapshot()));
+                        Some(Waiter::Read(tx, at)) => {
+                            let _ = tx.send(self.snapshot_at(at));
                         }
                         Some(Waiter::Watch(sub)) => self.activate(sub),
                         None => {}
@@ -254,7 +263,7 @@ impl CachedObject {
                         }
                     };
                     match self.waiting.remove(&id) {
-                        Some(Waiter::Read(tx)) => {
+                        Some(Waiter::Read(tx, _)) => {
                             let _ = tx.send(Err(error));
                         }
                         Some(Waiter::Watch(sub)) => sub.link.do_send(error.to_watcher()),
@@ -347,6 +356,11 @@ impl CachedObject {
             return;
         }
         tracing::info!(key = %self.key, rv, changes = changes.len(), "relist found changes; emitting synthetic events");
+        // A deletion found by a list is dated by guess: the states before it are not
+        // exact any more (`core::history`).
+        if changes.iter().any(|c| c.kind == EventType::Deleted) {
+            self.window.mark_undated(rv);
+        }
         metrics::counter!(m::RELIST_EVENTS, &self.labels).increment(changes.len() as u64);
         for c in changes {
             self.store_change(&c);
@@ -582,6 +596,26 @@ impl CachedObject {
         }
     }
 
+    /// The current state, or the state at `at` (`core::history`), in key order.
+    fn snapshot_at(&self, at: Option<u64>) -> Result<Snapshot> {
+        let Some(rv) = at else {
+            return Ok(self.snapshot());
+        };
+        match Past::at(&self.window, self.progress(), rv) {
+            Ok(past) => Ok(Snapshot {
+                objects: past.objects(&self.store, None).cloned().collect(),
+                rv,
+            }),
+            Err(history::Error::TooOld { requested, oldest }) => {
+                Err(Error::TooOld { requested, oldest })
+            }
+            // Served only once the progress reached `rv`.
+            Err(history::Error::TooNew { requested, current }) => {
+                Err(Error::TooLargeResourceVersion { requested, current })
+            }
+        }
+    }
+
     /// Parks a read or watch until the machine serves or fails it.
     fn wait(&mut self, min_rv: u64, waiter: Waiter) {
         self.next_wait += 1;
@@ -813,7 +847,7 @@ impl Actor for CachedObject {
                 key: self.key.to_string(),
             };
             match waiter {
-                Waiter::Read(tx) => {
+                Waiter::Read(tx, _) => {
                     let _ = tx.send(Err(err));
                 }
                 Waiter::Watch(sub) => sub.link.do_send(err.to_watcher()),
@@ -858,24 +892,25 @@ impl Handler<Read> for CachedObject {
     type Result = ResponseFuture<Result<Snapshot>>;
 
     fn handle(&mut self, msg: Read, _ctx: &mut Self::Context) -> Self::Result {
-        if self.machine.fresh_enough(msg.min_rv) {
-            let snap = self.snapshot();
-            return Box::pin(async move { Ok(snap) });
+        let min_rv = msg.at.unwrap_or(msg.min_rv);
+        if self.machine.fresh_enough(min_rv) {
+            let snap = self.snapshot_at(msg.at);
+            return Box::pin(async move { snap });
         }
         let (tx, rx) = oneshot::channel();
-        self.wait(msg.min_rv, Waiter::Read(tx));
+        self.wait(min_rv, Waiter::Read(tx, msg.at));
         let key = self.key.to_string();
         Box::pin(async move { rx.await.unwrap_or(Err(Error::Stopping { key })) })
     }
 }
 
 impl Handler<TryRead> for CachedObject {
-    type Result = Option<Snapshot>;
+    type Result = Option<Result<Snapshot>>;
 
     fn handle(&mut self, msg: TryRead, _ctx: &mut Self::Context) -> Self::Result {
         self.machine
-            .fresh_enough(msg.min_rv)
-            .then(|| self.snapshot())
+            .fresh_enough(msg.at.unwrap_or(msg.min_rv))
+            .then(|| self.snapshot_at(msg.at))
     }
 }
 

@@ -14,6 +14,7 @@ use kcache_actors::core::key::{Key, ResourceType, Scope};
 use kcache_actors::core::lease;
 use kcache_actors::core::mirror::{Input, Mirror, Output, Resync, Stamp};
 use kcache_actors::core::object::{self, Object, Schema};
+use kcache_actors::core::page::Continue;
 use kcache_actors::core::rv::{self, plan_list, plan_watch, Rv, RvMatch};
 use kcache_actors::core::seal::Keyring;
 use kcache_actors::core::selector::{FieldSelector, LabelSelector, MAX_REQUIREMENTS};
@@ -298,13 +299,20 @@ proptest! {
                 prop_assert_eq!(w.from_rv, rv.floor());
             } else {
                 prop_assert!(sie.is_none());
-                let plan = plan_list(rv, parsed, limit, cont);
-                if cont || parsed == Some(RvMatch::Exact) {
+                // A token that is not kcache's is never read by kcache.
+                let plan = plan_list(rv, parsed, limit, cont.then_some(&Continue::Upstream));
+                if cont {
                     prop_assert_eq!(plan, rv::ListPlan::Upstream);
-                }
-                // A read with the resourceVersion unset is never served unproven.
-                if let rv::ListPlan::Cache { consistent, .. } = plan {
-                    prop_assert_eq!(consistent, rv == Rv::Unset);
+                } else {
+                    let rv::ListPlan::Cache(read) = plan else {
+                        return Err(TestCaseError::fail("a list without a token is the cache's"));
+                    };
+                    // A read with the resourceVersion unset is never served unproven,
+                    // an exact one never from the current state.
+                    prop_assert_eq!(read.at == rv::At::Consistent, rv == Rv::Unset);
+                    if parsed == Some(RvMatch::Exact) {
+                        prop_assert_eq!(read.at, rv::At::Exact(rv.floor()));
+                    }
                 }
             }
         }

@@ -60,7 +60,7 @@ async fn serve_or_proxy(
     };
     // Only cache-served requests are kcache's to authorize: everything proxied carries the
     // client's own credentials and the API server decides.
-    match plan::plan(&incoming, state.resources.get()) {
+    let cached = match plan::plan(&incoming, state.resources.get()) {
         Plan::Serve(planned) => {
             let warnings = state
                 .read_warnings
@@ -68,7 +68,7 @@ async fn serve_or_proxy(
                 .and_then(|w| w.get(&planned.id))
                 .cloned();
             match serve_or_forward(req, state, *planned, received).await {
-                Ok(None) => {}
+                Ok(None) => true,
                 Ok(Some(r)) => return (ServedBy::Cache, Ok(with_warnings(r, warnings.as_ref()))),
                 // As the API server: authorized requests carry the resource's read warnings
                 // whatever their outcome; refused ones (and those that found no seat) do
@@ -80,8 +80,18 @@ async fn serve_or_proxy(
                 Err(e) => return (ServedBy::Cache, Err(e)),
             }
         }
-        Plan::Forward(Forward::Bypass(resource, reason)) => bypassed(&resource, reason),
-        Plan::Forward(Forward::Verb | Forward::Impersonation | Forward::Uncached) => {}
+        Plan::Forward(Forward::Bypass(resource, reason)) => {
+            bypassed(&resource, reason);
+            true
+        }
+        Plan::Forward(Forward::Verb | Forward::Impersonation | Forward::Uncached) => false,
+    };
+    // kcache's own continue token names a state only kcache keeps: it is never sent
+    // upstream (the API server would refuse it). The chain cannot go on; client-go's pager
+    // lists again from the start.
+    if cached && plan::carries_kcache_token(incoming.query) {
+        tracing::info!(path = %incoming.path, "a page chain with kcache's token cannot be served from the cache; answering 410 (the token never goes upstream)");
+        return (ServedBy::Cache, Err(ApiError::continue_expired()));
     }
     let result = match (
         access::cert_auth(req),

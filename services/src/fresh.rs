@@ -113,7 +113,10 @@ impl Freshness {
             reason,
         };
         let snap = addr
-            .send(Read { min_rv: 0 })
+            .send(Read {
+                min_rv: 0,
+                at: None,
+            })
             .await
             .map_err(|e| behind(e.to_string()))?
             .map_err(|e| behind(e.to_string()))?;
@@ -131,7 +134,13 @@ impl Freshness {
             Verdict::Fresh => Ok(Proof::Fresh),
             // Not there in time (TooLargeResourceVersion), stopping, or gone: the API
             // server answers instead.
-            Verdict::WaitFor(rv) => match addr.send(Read { min_rv: rv }).await {
+            Verdict::WaitFor(rv) => match addr
+                .send(Read {
+                    min_rv: rv,
+                    at: None,
+                })
+                .await
+            {
                 Ok(Ok(_)) => Ok(Proof::Waited),
                 Ok(Err(e)) => Err(behind(e.to_string())),
                 Err(e) => Err(behind(e.to_string())),

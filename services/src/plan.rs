@@ -11,8 +11,9 @@
 use std::sync::Arc;
 
 use kcache_actors::core::key::{route, Key, ResourceType};
+use kcache_actors::core::page::Continue;
 use kcache_actors::core::proto::Codec;
-use kcache_actors::core::rv::{plan_get, plan_list, plan_watch, ListPlan, Rv, WatchPlan};
+use kcache_actors::core::rv::{plan_get, plan_list, plan_watch, ListPlan, ListRead, Rv, WatchPlan};
 use kcache_actors::core::selector::{FieldSelector, LabelSelector};
 
 use crate::authz::Attributes;
@@ -71,8 +72,12 @@ pub enum Reason {
     Selector,
     /// A selector's name or node name that cannot be a key.
     Name,
-    /// A resourceVersion, match or paging the cache does not serve.
+    /// A read the cache does not serve for its resourceVersion or paging: a get by name
+    /// without a resourceVersion, a continue token that is not kcache's.
     Rv,
+    /// An exact list (`Exact`, or a limit with `N`) older than the key's history
+    /// (`core::history`): the API server reads it from its snapshots or etcd.
+    History,
     /// The key would exceed a key budget.
     KeyBudget,
     /// The key is not synced in time, or stopping.
@@ -87,12 +92,13 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 11] = [
         Reason::Query,
         Reason::Accept,
         Reason::Selector,
         Reason::Name,
         Reason::Rv,
+        Reason::History,
         Reason::KeyBudget,
         Reason::NotReady,
         Reason::NotFresh,
@@ -101,7 +107,8 @@ impl Reason {
     ];
 
     /// The reasons only serving can find: they depend on the cache's state.
-    pub const AT_SERVE_TIME: [Reason; 5] = [
+    pub const AT_SERVE_TIME: [Reason; 6] = [
+        Reason::History,
         Reason::KeyBudget,
         Reason::NotReady,
         Reason::NotFresh,
@@ -116,6 +123,7 @@ impl Reason {
             Reason::Selector => "selector",
             Reason::Name => "name",
             Reason::Rv => "rv",
+            Reason::History => "history",
             Reason::KeyBudget => "key_budget",
             Reason::NotReady => "not_ready",
             Reason::NotFresh => "not_fresh",
@@ -162,12 +170,13 @@ pub enum Op {
     },
     List {
         key: Key,
+        /// The list's scope: its namespace, `None` cluster-wide (continue tokens name keys
+        /// relative to it).
+        namespace: Option<String>,
         label: LabelSelector,
         field: FieldSelector,
-        min_rv: u64,
-        /// The resourceVersion was unset: a consistent read, served once the key is
-        /// proven at least as new as the upstream was when the request arrived.
-        consistent: bool,
+        /// The state read and the page cut.
+        read: ListRead,
         include: Result<IncludeObject, ApiError>,
     },
     Watch(Box<WatchOp>),
@@ -298,7 +307,7 @@ fn operation(
     let Some(name) = &rp.name else {
         return list_or_watch(q, format, include, namespace, resource);
     };
-    let ListPlan::Cache { min_rv, .. } = plan_get(q.watch_or_get_rv()?) else {
+    let Some(min_rv) = plan_get(q.watch_or_get_rv()?) else {
         return Ok(Op::Forward(Reason::Rv));
     };
     Ok(Op::Get {
@@ -357,24 +366,38 @@ fn list_or_watch(
             checked: watch_checks(q, format),
         })));
     }
-    // As the API server: ListOptions validation (422), then the storage's parse of the
-    // resourceVersion (400 for a list).
+    // As the API server: ListOptions validation (422), then the storage's: the continue
+    // token, then the resourceVersion (400 for a list).
     q.validate_list_options(false)?;
-    let plan = plan_list(
-        q.list_rv()?,
-        q.rv_match(),
-        limit,
-        q.continue_token.is_some(),
-    );
-    let ListPlan::Cache { min_rv, consistent } = plan else {
+    let cont = q
+        .continue_token
+        .as_deref()
+        .map(Continue::read)
+        .transpose()
+        .map_err(|e| ApiError::bad_request(format!("invalid continue token: {e}")))?;
+    let rv = match &cont {
+        // The API server's token: its to read, whatever else the query says.
+        Some(Continue::Upstream) => return Ok(Op::Forward(Reason::Rv)),
+        Some(Continue::Kcache(_)) => match q.resource_version.as_deref() {
+            None | Some("") => Rv::Unset,
+            Some("0") => Rv::Any,
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    "specifying resource version is not allowed when using continue",
+                ))
+            }
+        },
+        None => q.list_rv()?,
+    };
+    let ListPlan::Cache(read) = plan_list(rv, q.rv_match(), limit, cont.as_ref()) else {
         return Ok(Op::Forward(Reason::Rv));
     };
     Ok(Op::List {
         key,
+        namespace: namespace.map(str::to_string),
         label,
         field,
-        min_rv,
-        consistent,
+        read,
         include,
     })
 }
@@ -443,6 +466,14 @@ fn resource_attributes(rp: &ResourcePath, q: &Query) -> Attributes {
     }
 }
 
+/// Whether `query` continues a page chain with kcache's own token.
+pub fn carries_kcache_token(query: &str) -> bool {
+    parse_query(query)
+        .continue_token
+        .as_deref()
+        .is_some_and(|t| matches!(Continue::read(t), Ok(Continue::Kcache(_)) | Err(_)))
+}
+
 /// The API server's `IsValidPathSegmentName`.
 fn is_valid_path_segment(s: &str) -> bool {
     s != "." && s != ".." && !s.contains('/') && !s.contains('%')
@@ -451,6 +482,8 @@ fn is_valid_path_segment(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kcache_actors::core::page::Token;
+    use kcache_actors::core::rv::At;
 
     fn resources() -> Resources {
         let mut r = Resources::new();
@@ -480,12 +513,22 @@ mod tests {
             Plan::Serve(s) => match &s.op {
                 Err(e) => format!("serve error {}", e.code),
                 Ok(Op::Get { key, min_rv, .. }) => format!("get {key} from {min_rv}"),
-                Ok(Op::List {
-                    key,
-                    consistent: true,
-                    ..
-                }) => format!("consistent list {key}"),
-                Ok(Op::List { key, min_rv, .. }) => format!("list {key} from {min_rv}"),
+                Ok(Op::List { key, read, .. }) => {
+                    let at = match read.at {
+                        At::Consistent => "consistent".to_string(),
+                        At::NotOlderThan(rv) => format!("from {rv}"),
+                        At::Exact(rv) => format!("at {rv}"),
+                    };
+                    let limit = match read.limit {
+                        0 => String::new(),
+                        l => format!(" limit {l}"),
+                    };
+                    let start = match &read.start {
+                        Some(s) => format!(" after {s:?}"),
+                        None => String::new(),
+                    };
+                    format!("list {key} {at}{limit}{start}")
+                }
                 Ok(Op::Forward(r)) => format!("serve then bypass {}", reason(r)),
                 Ok(Op::Watch(w)) => match &w.checked {
                     Err(e) => format!("watch {} error {}", w.key, e.code),
@@ -541,10 +584,17 @@ mod tests {
             ("GET", "/api/v1/namespaces/a/secrets", "resourceVersion=0", JSON, false, "list /api/v1/namespaces/a/secrets from 0"),
             // A list without a resourceVersion is a consistent read, served once proven fresh;
             // paginated, it is the API server's.
-            ("GET", "/api/v1/namespaces/a/secrets", "", JSON, false, "consistent list /api/v1/namespaces/a/secrets"),
-            ("GET", "/api/v1/namespaces/a/secrets", "resourceVersion=", TABLE, false, "consistent list /api/v1/namespaces/a/secrets"),
-            ("GET", "/api/v1/namespaces/a/secrets", "limit=0", PROTOBUF, false, "consistent list /api/v1/namespaces/a/secrets"),
-            ("GET", "/api/v1/namespaces/a/secrets", "limit=500", JSON, false, "serve then bypass rv"),
+            ("GET", "/api/v1/namespaces/a/secrets", "", JSON, false, "list /api/v1/namespaces/a/secrets consistent"),
+            ("GET", "/api/v1/namespaces/a/secrets", "resourceVersion=", TABLE, false, "list /api/v1/namespaces/a/secrets consistent"),
+            ("GET", "/api/v1/namespaces/a/secrets", "limit=0", PROTOBUF, false, "list /api/v1/namespaces/a/secrets consistent"),
+            ("GET", "/api/v1/namespaces/a/secrets", "limit=500", JSON, false, "list /api/v1/namespaces/a/secrets consistent limit 500"),
+            // Pages and exact versions from the key's history; `0` lifts the limit.
+            ("GET", "/api/v1/namespaces/a/secrets", "resourceVersion=7&limit=3", JSON, false, "list /api/v1/namespaces/a/secrets at 7 limit 3"),
+            ("GET", "/api/v1/namespaces/a/secrets", "resourceVersion=7&resourceVersionMatch=Exact", JSON, false, "list /api/v1/namespaces/a/secrets at 7"),
+            ("GET", "/api/v1/namespaces/a/secrets", "resourceVersion=7&resourceVersionMatch=NotOlderThan&limit=3", JSON, false, "list /api/v1/namespaces/a/secrets from 7 limit 3"),
+            ("GET", "/api/v1/namespaces/a/secrets", "resourceVersion=0&resourceVersionMatch=NotOlderThan&limit=3", JSON, false, "list /api/v1/namespaces/a/secrets from 0"),
+            // A continue token that is not kcache's is the API server's.
+            ("GET", "/api/v1/namespaces/a/secrets", "limit=5&continue=x", JSON, false, "serve then bypass rv"),
             ("GET", "/api/v1/namespaces/a/secrets", "resourceVersionMatch=NotOlderThan", JSON, false, "serve error 422"),
             ("GET", "/api/v1/namespaces/a/secrets", "resourceVersion=0&limit=5&continue=x", JSON, false, "serve then bypass rv"),
             ("GET", "/api/v1/namespaces/a/secrets", "labelSelector=a%3D%3D%3D", JSON, false, "serve error 400"),
@@ -600,6 +650,55 @@ mod tests {
         assert_eq!(outcome(&plan(&incoming, None)), "forward uncached");
     }
 
+    /// kcache's own continue tokens are read by kcache, with the API server's checks.
+    #[test]
+    fn continue_tokens_are_planned() {
+        let resources = resources();
+        let ours = Token::after(9, "s1").encode();
+        let bad = {
+            use base64::Engine;
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .encode(r#"{"v":"kcache.io/v1","rv":0,"start":"s1"}"#)
+        };
+        let cases = [
+            (
+                format!("limit=2&continue={ours}"),
+                "list /api/v1/namespaces/a/secrets at 9 limit 2 after \"s1\\0\"",
+            ),
+            (
+                format!("continue={ours}"),
+                "list /api/v1/namespaces/a/secrets at 9 after \"s1\\0\"",
+            ),
+            (
+                format!("limit=2&resourceVersion=0&continue={ours}"),
+                "list /api/v1/namespaces/a/secrets at 9 after \"s1\\0\"",
+            ),
+            (
+                format!("limit=2&resourceVersion=8&continue={ours}"),
+                "serve error 400",
+            ),
+            (
+                format!("limit=2&resourceVersion=x&continue={ours}"),
+                "serve error 400",
+            ),
+            (
+                format!("limit=2&resourceVersionMatch=Exact&resourceVersion=8&continue={ours}"),
+                "serve error 422",
+            ),
+            (format!("limit=2&continue={bad}"), "serve error 400"),
+        ];
+        for (query, want) in cases {
+            let incoming = Incoming {
+                method: "GET",
+                path: "/api/v1/namespaces/a/secrets",
+                query: &query,
+                accept: JSON,
+                impersonating: false,
+            };
+            assert_eq!(outcome(&plan(&incoming, Some(&resources))), want, "{query}");
+        }
+    }
+
     /// A new reason does not compile here until it has its place in `Reason::ALL` (and so
     /// its series registered at zero).
     #[test]
@@ -611,11 +710,12 @@ mod tests {
                 Reason::Selector => 2,
                 Reason::Name => 3,
                 Reason::Rv => 4,
-                Reason::KeyBudget => 5,
-                Reason::NotReady => 6,
-                Reason::NotFresh => 7,
-                Reason::Protobuf => 8,
-                Reason::Table => 9,
+                Reason::History => 5,
+                Reason::KeyBudget => 6,
+                Reason::NotReady => 7,
+                Reason::NotFresh => 8,
+                Reason::Protobuf => 9,
+                Reason::Table => 10,
             };
             assert_eq!(Reason::ALL[i], r);
         }

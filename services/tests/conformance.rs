@@ -20,6 +20,9 @@ use support::kcache::Kcache;
 use support::nats::{fleet_toml, Nats};
 use support::{TestCluster, ADMIN_TOKEN};
 
+const PODTEMPLATES: &str =
+    "[[resources]]\nversion = \"v1\"\nresource = \"podtemplates\"\nkind = \"PodTemplate\"\nnamespaced = true\n";
+
 /// How one spec ended in one run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Outcome {
@@ -227,9 +230,14 @@ async fn kubernetes_api_machinery_specs_pass_through_kcache() {
         TestCluster::start()
     );
     let dir = direct_cluster.dir_path().to_path_buf();
-    let one = Kcache::start_with_admin_port(&single_cluster, "", &[]).await;
+    // PodTemplates cached too: the chunking specs page through them, so their pages are
+    // kcache's (`core::page`), not the API server's.
+    let one = Kcache::start_with_admin_port(&single_cluster, PODTEMPLATES, &[]).await;
     let nats = Nats::start(fleet_cluster.dir_path());
-    let toml = fleet_toml(fleet_cluster.dir_path(), &nats, "");
+    let toml = format!(
+        "{}{PODTEMPLATES}",
+        fleet_toml(fleet_cluster.dir_path(), &nats, "")
+    );
     let mut fleet = Vec::new();
     for id in ["a", "b", "c"] {
         fleet.push(

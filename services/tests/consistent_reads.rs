@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::http::{delete_secret, put_secret, Events, Http};
+use support::http::{delete_configmap, delete_secret, put_configmap, put_secret, Events, Http};
 use support::kcache::Kcache;
 use support::nats::{fleet_toml, Nats};
 use support::rng::Rng;
@@ -155,28 +155,6 @@ async fn streaming_lists_see_every_write_made_before_them() {
         (2 * ROUNDS + 1) as f64,
         "consistent reads served by kcache"
     );
-}
-
-async fn put_configmap(client: &kube::Client, ns: &str, name: &str, value: &str) {
-    use k8s_openapi::api::core::v1::ConfigMap;
-    let api: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), ns);
-    let obj: ConfigMap = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "labels": {"round": "any"}},
-        "data": {"v": value},
-    }))
-    .expect("configmap");
-    let pp = kube::api::PatchParams::apply("test").force();
-    api.patch(name, &pp, &kube::api::Patch::Apply(&obj))
-        .await
-        .expect("apply configmap");
-}
-
-async fn delete_configmap(client: &kube::Client, ns: &str, name: &str) {
-    use k8s_openapi::api::core::v1::ConfigMap;
-    let api: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), ns);
-    api.delete(name, &Default::default())
-        .await
-        .expect("delete configmap");
 }
 
 /// A list's `name → data.v`, and its resourceVersion.

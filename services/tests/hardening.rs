@@ -520,9 +520,16 @@ async fn list_then_watch_on_a_young_key_gets_no_410_while_others_write() {
             }
         })
     };
-    // client-go's reflector: list (no resourceVersion: proxied, so the API server's own
-    // RV), then watch each name from the list's RV — while the noise moves the RV on.
-    let (code, body) = get(&kc.url, "/api/v1/namespaces/yk/secrets", Some(ADMIN_TOKEN)).await;
+    // client-go's reflector: list, then watch each name from the list's RV — while the
+    // noise moves the RV on. The list is the API server's own (a client that listed it
+    // directly, or before kcache was in front): its RV is older than the name keys that
+    // the watches start, whose windows begin at their own lists.
+    let (code, body) = get(
+        &cluster.url,
+        "/api/v1/namespaces/yk/secrets",
+        Some(ADMIN_TOKEN),
+    )
+    .await;
     assert_eq!(code, 200, "{body}");
     let list_rv = serde_json::from_str::<Value>(&body).expect("a list")["metadata"]
         ["resourceVersion"]

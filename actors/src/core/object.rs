@@ -797,6 +797,17 @@ pub fn parse_list(
 /// Writes `{"kind":K,"apiVersion":V,"metadata":{"resourceVersion":"RV"},"items":[` — the
 /// head of a list whose items follow as their bytes, comma-separated, then [`LIST_TAIL`].
 pub fn list_head(kind: &str, api_version: &str, rv: u64) -> Bytes {
+    list_page_head(kind, api_version, rv, None)
+}
+
+/// A page's list head: [`list_head`] with, when more follow, the continue token and — for
+/// a list without selectors — the count of objects left (`ListMeta` in Go's order).
+pub fn list_page_head(
+    kind: &str,
+    api_version: &str,
+    rv: u64,
+    more: Option<(&str, Option<u64>)>,
+) -> Bytes {
     let mut out = Vec::with_capacity(96);
     out.extend_from_slice(b"{\"kind\":");
     write_json_str(&mut out, kind);
@@ -804,12 +815,63 @@ pub fn list_head(kind: &str, api_version: &str, rv: u64) -> Bytes {
     write_json_str(&mut out, api_version);
     out.extend_from_slice(b",\"metadata\":{\"resourceVersion\":\"");
     out.extend_from_slice(rv.to_string().as_bytes());
-    out.extend_from_slice(b"\"},\"items\":[");
+    out.push(b'"');
+    if let Some((token, remaining)) = more {
+        out.extend_from_slice(b",\"continue\":");
+        write_json_str(&mut out, token);
+        if let Some(n) = remaining {
+            out.extend_from_slice(b",\"remainingItemCount\":");
+            out.extend_from_slice(n.to_string().as_bytes());
+        }
+    }
+    out.extend_from_slice(b"},\"items\":[");
     Bytes::from(out)
 }
 
 /// The end of a list started by [`list_head`].
 pub const LIST_TAIL: &[u8] = b"]}";
+
+/// An object as the API server writes it in a list of a built-in kind: without its leading
+/// `kind` and `apiVersion`, which such lists leave to the list (a custom resource's items
+/// keep theirs). The bytes after those two members, to follow a `{`; `None` when the
+/// object does not start with exactly them (it is then written whole).
+pub fn after_type_meta(json: &[u8]) -> Option<&[u8]> {
+    /// The end of the JSON string starting at `at` (just past its closing quote).
+    fn string_end(json: &[u8], at: usize) -> Option<usize> {
+        let mut i = at.checked_add(1)?;
+        if json.get(at) != Some(&b'"') {
+            return None;
+        }
+        while let Some(&b) = json.get(i) {
+            match b {
+                b'\\' => i += 2,
+                b'"' => return Some(i + 1),
+                _ => i += 1,
+            }
+        }
+        None
+    }
+    let rest = json.strip_prefix(b"{\"kind\":")?;
+    let at = json.len() - rest.len();
+    let end = string_end(json, at)?;
+    let rest = json.get(end..)?.strip_prefix(b",\"apiVersion\":")?;
+    let at = json.len() - rest.len();
+    let end = string_end(json, at)?;
+    match json.get(end)? {
+        b',' => json.get(end + 1..),
+        // Nothing but the two: `{}`.
+        b'}' => json.get(end..),
+        _ => None,
+    }
+}
+
+/// A list item's length as [`ListWriter::push_item`] writes it.
+pub fn list_item_len(json: &[u8], strip_type_meta: bool) -> usize {
+    match strip_type_meta.then(|| after_type_meta(json)).flatten() {
+        Some(rest) => 1 + rest.len(),
+        None => json.len(),
+    }
+}
 
 /// Appends items to a list body, comma-separated, in chunks of about `chunk` bytes: a
 /// list is written as it is produced, never built whole.
@@ -830,11 +892,23 @@ impl ListWriter {
 
     /// Adds one item; returns a chunk when one is full.
     pub fn push(&mut self, json: &[u8]) -> Option<Bytes> {
+        self.push_item(json, false)
+    }
+
+    /// Adds one item, without its `kind` and `apiVersion` when `strip_type_meta` (a list
+    /// of a built-in kind: [`after_type_meta`]); returns a chunk when one is full.
+    pub fn push_item(&mut self, json: &[u8], strip_type_meta: bool) -> Option<Bytes> {
         if !self.first {
             self.buf.put_u8(b',');
         }
         self.first = false;
-        self.buf.put_slice(json);
+        match strip_type_meta.then(|| after_type_meta(json)).flatten() {
+            Some(rest) => {
+                self.buf.put_u8(b'{');
+                self.buf.put_slice(rest);
+            }
+            None => self.buf.put_slice(json),
+        }
         if self.buf.len() < self.chunk {
             return None;
         }
@@ -859,6 +933,45 @@ mod tests {
 
     fn parse(s: &str, schema: Schema) -> Result<Object> {
         Object::parse(Bytes::copy_from_slice(s.as_bytes()), schema)
+    }
+
+    #[test]
+    fn list_items_of_built_in_kinds_leave_type_meta_to_the_list() {
+        let cases: &[(&str, Option<&str>)] = &[
+            (
+                r#"{"kind":"Secret","apiVersion":"v1","metadata":{"name":"a"}}"#,
+                Some(r#""metadata":{"name":"a"}}"#),
+            ),
+            (
+                r#"{"kind":"Deployment","apiVersion":"apps/v1","spec":{}}"#,
+                Some(r#""spec":{}}"#),
+            ),
+            (r#"{"kind":"X","apiVersion":"v1"}"#, Some("}")),
+            (
+                r#"{"kind":"A\"B","apiVersion":"v1","x":1}"#,
+                Some(r#""x":1}"#),
+            ),
+            // Any other shape is written whole.
+            (r#"{"apiVersion":"v1","kind":"Secret","x":1}"#, None),
+            (r#"{"metadata":{},"kind":"Secret","apiVersion":"v1"}"#, None),
+            (r#"{ "kind":"Secret","apiVersion":"v1","x":1}"#, None),
+            (r#"{"kind":"Secret","x":1}"#, None),
+            (r#"{"kind":"Secret"#, None),
+            (r#"{"kind":1,"apiVersion":"v1","x":1}"#, None),
+        ];
+        for (json, want) in cases {
+            let got =
+                after_type_meta(json.as_bytes()).map(|b| String::from_utf8_lossy(b).to_string());
+            assert_eq!(got.as_deref(), *want, "{json}");
+            let whole = match want {
+                Some(rest) => format!("{{{rest}"),
+                None => json.to_string(),
+            };
+            assert_eq!(list_item_len(json.as_bytes(), true), whole.len());
+            let mut w = ListWriter::new(1 << 20);
+            assert!(w.push_item(json.as_bytes(), true).is_none());
+            assert_eq!(w.finish(), format!("{whole}]}}").as_bytes());
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@
 use thiserror::Error;
 
 use super::go_quote::go_quote;
+use super::page::Continue;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum Error {
@@ -273,48 +274,70 @@ pub fn parse_bool(param: &'static str, s: Option<&str>) -> Result<Option<bool>> 
 }
 
 /// How a list or get is answered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ListPlan {
-    /// From the cache once the key's progress is at least `min_rv` (0: as soon as synced);
-    /// `consistent`: only once the key is proven at least as new as the upstream was when
-    /// the request arrived (`core::fresh`), the guarantee of a read with the
-    /// resourceVersion unset.
-    Cache { min_rv: u64, consistent: bool },
+    /// From the cache.
+    Cache(ListRead),
     /// Forwarded to the API server unchanged.
     Upstream,
 }
 
-/// Where a [`validate`]d list is served. The cache serves `0` and NotOlderThan without a
-/// limit (`0` ignores the limit, as the API server's cache does), and a consistent read
-/// (RV unset) without a limit once proven fresh; `Exact`, `continue`, and a limit with an
-/// RV other than `0` are forwarded — the API server answers those from its own snapshots
-/// (1.34+), which kcache does not keep yet.
+/// A list the cache serves: the state it reads and the page it cuts (`core::page`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListRead {
+    pub at: At,
+    /// At most this many objects (0: all); more follow with a continue token.
+    pub limit: u64,
+    /// Where a continued chain's page starts, relative to the list's scope.
+    pub start: Option<String>,
+}
+
+/// The state a read is answered from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum At {
+    /// The key's state once its progress is at least this (0: as soon as synced).
+    NotOlderThan(u64),
+    /// The key's state once proven at least as new as the upstream was when the request
+    /// arrived (`core::fresh`): the resourceVersion was unset.
+    Consistent,
+    /// The key's state at exactly this resourceVersion (`core::history`).
+    Exact(u64),
+}
+
+/// Where a [`validate`]d list is served, as the reference cacher serves it
+/// (`ShouldDelegateList`, `computeListLimit`): `0` at once, ignoring any limit; `N` once
+/// the key reached it (with a limit and no match, the legacy exact list at `N`); unset
+/// once proven fresh; `Exact` and kcache's own continue tokens from the key's history.
+/// Continue tokens that are not kcache's are the API server's to read.
 pub fn plan_list(
     rv: Rv,
     rv_match: Option<RvMatch>,
     limit: Option<u64>,
-    has_continue: bool,
+    cont: Option<&Continue>,
 ) -> ListPlan {
-    let has_limit = limit.is_some_and(|l| l > 0);
-    if has_continue || (has_limit && rv != Rv::Any) || rv_match == Some(RvMatch::Exact) {
-        return ListPlan::Upstream;
-    }
-    ListPlan::Cache {
-        min_rv: rv.floor(),
-        consistent: rv == Rv::Unset,
+    let limit = limit.unwrap_or(0);
+    let read = |at, limit, start| ListPlan::Cache(ListRead { at, limit, start });
+    match (cont, rv, rv_match) {
+        (Some(Continue::Upstream), ..) => ListPlan::Upstream,
+        // `0` lifts the limit, with a token too.
+        (Some(Continue::Kcache(t)), Rv::Any, _) => read(At::Exact(t.rv), 0, Some(t.start.clone())),
+        (Some(Continue::Kcache(t)), ..) => read(At::Exact(t.rv), limit, Some(t.start.clone())),
+        (None, Rv::Any, _) => read(At::NotOlderThan(0), 0, None),
+        (None, Rv::Unset, _) => read(At::Consistent, limit, None),
+        (None, Rv::At(n), Some(RvMatch::Exact)) => read(At::Exact(n), limit, None),
+        (None, Rv::At(n), Some(RvMatch::NotOlderThan)) => read(At::NotOlderThan(n), limit, None),
+        (None, Rv::At(n), None) if limit > 0 => read(At::Exact(n), limit, None),
+        (None, Rv::At(n), None) => read(At::NotOlderThan(n), 0, None),
     }
 }
 
-/// Where a GET by name is served: at `0` or `N` from the cache; with the resourceVersion
-/// unset upstream — the API server reads one key from etcd, which no freshness proof of
-/// a cached key could make cheaper.
-pub fn plan_get(rv: Rv) -> ListPlan {
+/// Where a GET by name is served: at `0` or `N` from the cache once the key reached it
+/// (`Some(min_rv)`); with the resourceVersion unset upstream (`None`) — the API server
+/// reads one key from etcd, which no freshness proof of a cached key could make cheaper.
+pub fn plan_get(rv: Rv) -> Option<u64> {
     match rv {
-        Rv::Unset => ListPlan::Upstream,
-        _ => ListPlan::Cache {
-            min_rv: rv.floor(),
-            consistent: false,
-        },
+        Rv::Unset => None,
+        _ => Some(rv.floor()),
     }
 }
 
@@ -518,50 +541,143 @@ mod tests {
 
     #[test]
     fn list_plans() {
-        use ListPlan::*;
+        use crate::core::page::Token;
         use RvMatch::*;
-        let cache = |min_rv| Cache {
-            min_rv,
-            consistent: false,
+        let read = |at, limit, start: Option<&str>| {
+            ListPlan::Cache(ListRead {
+                at,
+                limit,
+                start: start.map(str::to_string),
+            })
         };
-        let consistent = Cache {
-            min_rv: 0,
-            consistent: true,
-        };
+        let ours = Continue::Kcache(Token {
+            rv: 9,
+            start: "a\0".into(),
+        });
         let cases = [
-            (Rv::Unset, None, None, false, consistent),
-            (Rv::Unset, None, Some(0), false, consistent),
-            (Rv::Unset, None, Some(500), false, Upstream),
-            (Rv::Any, None, None, false, cache(0)),
-            (Rv::Any, None, Some(500), false, cache(0)),
-            (Rv::At(5), None, None, false, cache(5)),
-            (Rv::At(5), Some(NotOlderThan), None, false, cache(5)),
-            (Rv::Any, Some(NotOlderThan), None, false, cache(0)),
-            (Rv::At(5), None, Some(10), false, Upstream),
-            (Rv::At(5), Some(Exact), None, false, Upstream),
-            (Rv::Unset, None, None, true, Upstream),
+            (Rv::Unset, None, None, None, read(At::Consistent, 0, None)),
+            (
+                Rv::Unset,
+                None,
+                Some(0),
+                None,
+                read(At::Consistent, 0, None),
+            ),
+            (
+                Rv::Unset,
+                None,
+                Some(500),
+                None,
+                read(At::Consistent, 500, None),
+            ),
+            (
+                Rv::Any,
+                None,
+                None,
+                None,
+                read(At::NotOlderThan(0), 0, None),
+            ),
+            // `0` ignores the limit, as the API server's cache does.
+            (
+                Rv::Any,
+                None,
+                Some(500),
+                None,
+                read(At::NotOlderThan(0), 0, None),
+            ),
+            (
+                Rv::At(5),
+                None,
+                None,
+                None,
+                read(At::NotOlderThan(5), 0, None),
+            ),
+            (
+                Rv::At(5),
+                Some(NotOlderThan),
+                None,
+                None,
+                read(At::NotOlderThan(5), 0, None),
+            ),
+            (
+                Rv::At(5),
+                Some(NotOlderThan),
+                Some(10),
+                None,
+                read(At::NotOlderThan(5), 10, None),
+            ),
+            (
+                Rv::Any,
+                Some(NotOlderThan),
+                Some(10),
+                None,
+                read(At::NotOlderThan(0), 0, None),
+            ),
+            // A limit with `N` and no match: the legacy exact list.
+            (
+                Rv::At(5),
+                None,
+                Some(10),
+                None,
+                read(At::Exact(5), 10, None),
+            ),
+            (
+                Rv::At(5),
+                Some(Exact),
+                None,
+                None,
+                read(At::Exact(5), 0, None),
+            ),
+            (
+                Rv::At(5),
+                Some(Exact),
+                Some(3),
+                None,
+                read(At::Exact(5), 3, None),
+            ),
+            (
+                Rv::Unset,
+                None,
+                Some(3),
+                Some(&ours),
+                read(At::Exact(9), 3, Some("a\0")),
+            ),
+            (
+                Rv::Any,
+                None,
+                Some(3),
+                Some(&ours),
+                read(At::Exact(9), 0, Some("a\0")),
+            ),
+            (
+                Rv::Unset,
+                None,
+                Some(3),
+                Some(&Continue::Upstream),
+                ListPlan::Upstream,
+            ),
+            (
+                Rv::Any,
+                None,
+                None,
+                Some(&Continue::Upstream),
+                ListPlan::Upstream,
+            ),
         ];
         for (rv, m, limit, cont, want) in cases {
             assert_eq!(
                 plan_list(rv, m, limit, cont),
                 want,
-                "{rv:?} {m:?} {limit:?} {cont}"
+                "{rv:?} {m:?} {limit:?} {cont:?}"
             );
         }
     }
 
     #[test]
     fn get_plans() {
-        assert_eq!(plan_get(Rv::Unset), ListPlan::Upstream);
-        for (rv, min_rv) in [(Rv::Any, 0), (Rv::At(7), 7)] {
-            assert_eq!(
-                plan_get(rv),
-                ListPlan::Cache {
-                    min_rv,
-                    consistent: false
-                }
-            );
-        }
+        assert_eq!(plan_get(Rv::Unset), None);
+        assert_eq!(plan_get(Rv::Any), Some(0));
+        assert_eq!(plan_get(Rv::At(7)), Some(7));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! `group/version/resource` can be cached.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::sync::Arc;
 
 use crate::core::object::Object;
@@ -48,6 +49,14 @@ impl Store {
 
     pub fn iter(&self) -> impl Iterator<Item = (&String, &Arc<Object>)> {
         self.objects.iter()
+    }
+
+    /// The objects whose keys fall in `range`, in key order.
+    pub fn range<'a>(
+        &'a self,
+        range: (Bound<&'a str>, Bound<&'a str>),
+    ) -> impl Iterator<Item = (&'a String, &'a Arc<Object>)> + 'a {
+        self.objects.range::<str, _>(range)
     }
 }
 

@@ -29,6 +29,9 @@ pub struct Window {
     /// RV of the last (re)list; what the window is complete after.
     list_rv: u64,
     evicted_since_list: bool,
+    /// The state before this RV is not known exactly: a probe's relist dated the
+    /// deletions it found at its own RV (`mark_undated`).
+    undated_until: u64,
 }
 
 impl Window {
@@ -38,6 +41,7 @@ impl Window {
             capacity: capacity.max(1),
             list_rv: 0,
             evicted_since_list: false,
+            undated_until: 0,
         }
     }
 
@@ -60,6 +64,21 @@ impl Window {
         self.events.clear();
         self.list_rv = rv;
         self.evicted_since_list = false;
+        self.undated_until = 0;
+    }
+
+    /// A relist at `rv` found deletions whose RVs it could not know and dated them at
+    /// `rv`: states before `rv` are no longer recoverable exactly ([`Window::oldest_exact`]).
+    pub fn mark_undated(&mut self, rv: u64) {
+        self.undated_until = self.undated_until.max(rv);
+    }
+
+    /// The oldest RV whose state the window recovers exactly (`core::history`): one
+    /// below the oldest replayable, unless a relist dated deletions later.
+    pub fn oldest_exact(&self) -> u64 {
+        self.oldest_replayable()
+            .saturating_sub(1)
+            .max(self.undated_until)
     }
 
     /// The buffered events, oldest first.

@@ -38,10 +38,17 @@ const LIST_CHUNK: usize = 64 << 10;
 /// snapshot (a pointer per object) and one chunk, not a second copy of every object. The
 /// length is known up front, so the response carries `Content-Length` as the API
 /// server's does.
-pub fn list_response(head: Bytes, items: Vec<Arc<Object>>, seat: Option<Seat>) -> HttpResponse {
+pub fn list_response(
+    head: Bytes,
+    (items, strip_type_meta): (Vec<Arc<Object>>, bool),
+    seat: Option<Seat>,
+) -> HttpResponse {
     let commas = items.len().saturating_sub(1);
     let len = head.len()
-        + items.iter().map(|o| o.json().len()).sum::<usize>()
+        + items
+            .iter()
+            .map(|o| object::list_item_len(o.json(), strip_type_meta))
+            .sum::<usize>()
         + commas
         + object::LIST_TAIL.len();
     struct St {
@@ -63,7 +70,7 @@ pub fn list_response(head: Bytes, items: Vec<Arc<Object>>, seat: Option<Seat>) -
         }
         let writer = st.writer.as_mut()?;
         for o in st.items.by_ref() {
-            if let Some(chunk) = writer.push(o.json()) {
+            if let Some(chunk) = writer.push_item(o.json(), strip_type_meta) {
                 return Some((Ok(chunk), st));
             }
         }
@@ -83,11 +90,11 @@ pub fn list_response(head: Bytes, items: Vec<Arc<Object>>, seat: Option<Seat>) -
 /// chunked as [`list_response`], with its length known up front.
 pub fn proto_list_response(
     codec: &Codec,
-    rv: u64,
+    (rv, more): (u64, Option<(&str, Option<u64>)>),
     messages: Vec<Bytes>,
     seat: Option<Seat>,
 ) -> HttpResponse {
-    let (head, tail) = codec.list_head(rv, messages.iter().map(Bytes::len));
+    let (head, tail) = codec.list_head(rv, more, messages.iter().map(Bytes::len));
     let len = head.len()
         + messages
             .iter()

@@ -1,6 +1,8 @@
 //! Serving a planned request (`crate::plan`) from the cache: a snapshot of its key (or a
-//! covering key) at the resourceVersion asked, proven fresh where the key may not have
-//! heard of a deletion, written as JSON, protobuf or a Table; watches in [`watch`].
+//! covering key) at the resourceVersion asked — proven fresh for a consistent read and
+//! where the key may not have heard of a deletion, or at an exact resourceVersion from the
+//! key's history — cut into a page where a limit asks for one (`core::page`), written as
+//! JSON, protobuf or a Table; watches in [`watch`].
 
 mod list_body;
 pub mod watch;
@@ -15,7 +17,9 @@ use kcache_actors::core::cover;
 use kcache_actors::core::filter::Filter;
 use kcache_actors::core::key::{Key, ResourceType};
 use kcache_actors::core::object::{self, Object};
+use kcache_actors::core::page::{self, Token};
 use kcache_actors::core::proto;
+use kcache_actors::core::rv::At;
 use kcache_actors::registry::Hold;
 use serde_json::{json, Value};
 
@@ -89,27 +93,51 @@ pub async fn serve(
         }
         Op::List {
             key,
+            namespace,
             label,
             field,
-            min_rv,
-            consistent,
+            read: list_read,
             include,
         } => {
-            let read = read(state, (user, &mut seat), key.clone(), (min_rv, consistent)).await?;
+            let selectors = !label.is_empty() || !field.is_empty();
+            let read = read(state, (user, &mut seat), key.clone(), list_read.at).await?;
             let (held, snap) = match read {
                 Ok(read) => read,
+                // A continued chain's state left the history: the API server cannot
+                // continue kcache's token, so the pager starts again, as after a
+                // compaction upstream.
+                Err(Reason::History) if list_read.start.is_some() => {
+                    return Err(ApiError::continue_expired())
+                }
                 Err(reason) => return Ok(Served::Forward(reason)),
             };
             let filter = Filter::new(label, cover::field_for(&key, &held, field));
-            let items: Vec<Arc<Object>> = snap
-                .objects
-                .into_iter()
-                .filter(|o| filter.matches(o))
-                .collect();
+            // The list's scope in key order (a covering key's snapshot holds more), from
+            // the page's start on.
+            // A namespace's keys (`namespace/name`) are contiguous in key order.
+            let scope = namespace
+                .as_ref()
+                .map(|ns| format!("{ns}/"))
+                .unwrap_or_default();
+            let from = format!("{scope}{}", list_read.start.as_deref().unwrap_or(""));
+            let first = snap.objects.partition_point(|o| page::key_before(o, &from));
+            let candidates = snap.objects[first..]
+                .iter()
+                .take_while(|o| namespace.as_deref().is_none_or(|ns| o.namespace() == ns));
+            let cut = page::cut(
+                candidates,
+                |o| filter.matches(o),
+                list_read.limit,
+                selectors,
+            );
+            let more = cut.more.map(|m| {
+                let last = m.last.strip_prefix(&scope).unwrap_or(&m.last);
+                (Token::after(snap.rv, last).encode(), m.remaining)
+            });
             list(
                 resource,
-                snap.rv,
-                items,
+                (snap.rv, more.as_ref().map(|(t, n)| (t.as_str(), *n))),
+                cut.items,
                 (format, columns.as_ref()),
                 include,
                 seat.into_seat(),
@@ -131,7 +159,7 @@ async fn get(
 ) -> Result<Served, ApiError> {
     // The snapshot may be a covering key's (`core::cover`): the object is found by name
     // and namespace either way.
-    let (_, snap) = match read(state, who, key, (min_rv, false)).await? {
+    let (_, snap) = match read(state, who, key, At::NotOlderThan(min_rv)).await? {
         Ok(read) => read,
         Err(reason) => return Ok(Served::Forward(reason)),
     };
@@ -186,10 +214,11 @@ async fn get(
     Ok(Served::Response(json_response(&body)))
 }
 
-/// A list of `items` at `rv` in `format`.
+/// A list of `items` at `rv` in `format`; `more`: the continue token and the count of
+/// objects left, when more follow.
 fn list(
     resource: &ResourceType,
-    rv: u64,
+    (rv, more): (u64, Option<(&str, Option<u64>)>),
     items: Vec<Arc<Object>>,
     (format, columns): (Format, Option<&Value>),
     include: Result<table::IncludeObject, ApiError>,
@@ -197,13 +226,21 @@ fn list(
 ) -> Result<Served, ApiError> {
     let v = match format {
         Format::Json => {
-            let head = object::list_head(
+            let head = object::list_page_head(
                 &format!("{}List", resource.kind),
                 &resource.api_version(),
                 rv,
+                more,
             );
+            // A built-in kind's items leave `kind` and `apiVersion` to the list, as the
+            // API server writes them (a custom resource's keep theirs).
+            let built_in =
+                proto::Codec::for_kind(&resource.group, &resource.version, &resource.kind)
+                    .is_some();
             return Ok(Served::Response(list_body::list_response(
-                head, items, seat,
+                head,
+                (items, built_in),
+                seat,
             )));
         }
         Format::Protobuf(codec) => {
@@ -213,7 +250,10 @@ fn list(
                 return Ok(Served::Forward(Reason::Protobuf));
             };
             return Ok(Served::Response(list_body::proto_list_response(
-                &codec, rv, messages, seat,
+                &codec,
+                (rv, more),
+                messages,
+                seat,
             )));
         }
         Format::Table(v) => v,
@@ -225,28 +265,36 @@ fn list(
     // Parsed as the API server parses it: writing the Table, after the read.
     let include = include?;
     let values: Vec<Value> = items.iter().map(|o| o.to_value()).collect();
+    let mut meta = json!({ "resourceVersion": rv.to_string() });
+    if let Some((token, remaining)) = more {
+        meta["continue"] = json!(token);
+        if let Some(n) = remaining {
+            meta["remainingItemCount"] = json!(n);
+        }
+    }
     let body = table::to_table(
         v,
         columns,
         &resource.group,
         &resource.resource,
         &values.iter().collect::<Vec<_>>(),
-        json!({ "resourceVersion": rv.to_string() }),
+        meta,
         include,
         now_secs(),
     );
     Ok(Served::Response(json_response(&body)))
 }
 
-/// A snapshot of `key`, or of a running key covering it, at `min_rv` or later — and, for
-/// a `consistent` read, at least as new as the upstream was when the request arrived —
-/// holding that key for the grace period; the key it is of and the snapshot, or `Err` with
-/// the reason when the API server should answer instead.
+/// A snapshot of `key`, or of a running key covering it, `at` the state asked — at least
+/// as new as a resourceVersion, at least as new as the upstream was when the request
+/// arrived (consistent), or exactly at one — holding that key for the grace period; the
+/// key it is of and the snapshot, or `Err` with the reason when the API server should
+/// answer instead.
 async fn read(
     state: &ApiState,
     (user, seat): (&UserInfo, &mut SeatSlot<'_>),
     key: Key,
-    (min_rv, consistent): (u64, bool),
+    at: At,
 ) -> Result<Result<(Key, cached_object::Snapshot), Reason>, ApiError> {
     let held = state
         .registry
@@ -265,7 +313,12 @@ async fn read(
             return Ok(Err(Reason::KeyBudget));
         }
     };
-    let snap = match snapshot(&held.addr, min_rv, seat).await? {
+    let (min_rv, exact) = match at {
+        At::NotOlderThan(rv) => (rv, None),
+        At::Consistent => (0, None),
+        At::Exact(rv) => (rv, Some(rv)),
+    };
+    let snap = match snapshot(&held.addr, (min_rv, exact), seat).await? {
         Ok(snap) => snap,
         Err(reason) => return Ok(Err(reason)),
     };
@@ -275,8 +328,15 @@ async fn read(
     // watching key hears of it a moment after a watch of the API server's own does (its
     // events travel one more hop). A consistent read, a Secret's key and a parked key are
     // proven as new as the upstream before they answer (one batched probe per key however
-    // many read at once), and read again.
-    if !consistent && !parks(state, &held.key, &snap) && !holds_credentials(&held.key) {
+    // many read at once), and read again. A state of the past is what the API server's
+    // snapshot at that resourceVersion holds, deletions after it included: nothing to
+    // prove.
+    let prove = match at {
+        At::Exact(_) => false,
+        At::Consistent => true,
+        At::NotOlderThan(_) => parks(state, &held.key, &snap) || holds_credentials(&held.key),
+    };
+    if !prove {
         seat.back().await?;
         return Ok(Ok((held.key, snap)));
     }
@@ -284,7 +344,7 @@ async fn read(
         tracing::info!(error = %e, "read not proven fresh; forwarding upstream");
         return Ok(Err(Reason::NotFresh));
     }
-    let snap = match snapshot(&held.addr, min_rv, seat).await? {
+    let snap = match snapshot(&held.addr, (min_rv, None), seat).await? {
         Ok(snap) => snap,
         Err(reason) => return Ok(Err(reason)),
     };
@@ -304,21 +364,27 @@ fn parks(state: &ApiState, key: &Key, snap: &cached_object::Snapshot) -> bool {
     state.cache.immutable_stop_watch && key.parks(snap.objects.iter().map(|o| &**o))
 }
 
-/// The key's snapshot at `min_rv` or later, or `Err` with the reason when the API server
-/// should answer instead. A key not ready yet (its first sync, or behind `min_rv`) is
-/// waited for without the seat.
+/// The key's snapshot at `min_rv` or later (its state at `at`, if given), or `Err` with
+/// the reason when the API server should answer instead. A key not ready yet (its first
+/// sync, or behind `min_rv`) is waited for without the seat.
 async fn snapshot(
     addr: &Addr<cached_object::CachedObject>,
-    min_rv: u64,
+    (min_rv, at): (u64, Option<u64>),
     seat: &mut SeatSlot<'_>,
 ) -> Result<Result<cached_object::Snapshot, Reason>, ApiError> {
-    if let Ok(Some(snap)) = addr.send(TryRead { min_rv }).await {
-        return Ok(Ok(snap));
-    }
-    match seat.away(addr.send(Read { min_rv })).await {
+    let read = match addr.send(TryRead { min_rv, at }).await {
+        Ok(Some(read)) => Ok(read),
+        _ => seat.away(addr.send(Read { min_rv, at })).await,
+    };
+    match read {
         Ok(Ok(snap)) => Ok(Ok(snap)),
         Ok(Err(cached_object::Error::TooLargeResourceVersion { requested, current })) => {
             Err(ApiError::too_large_resource_version(requested, current))
+        }
+        // Older than the key's history: the API server keeps more (its snapshots, etcd).
+        Ok(Err(e @ cached_object::Error::TooOld { .. })) => {
+            tracing::debug!(error = %e, "exact read older than the key's history");
+            Ok(Err(Reason::History))
         }
         // Not synced in time, or stopping: the API server can still answer.
         Ok(Err(e)) => {

@@ -153,6 +153,32 @@ pub async fn delete_secret(client: &kube::Client, ns: &str, name: &str) {
         .expect("delete secret");
 }
 
+/// Creates or updates ConfigMap `ns/name` with `data.v = value` and the label `round=any`.
+pub async fn put_configmap(client: &kube::Client, ns: &str, name: &str, value: &str) -> String {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), ns);
+    let obj: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"round": "any"}},
+        "data": {"v": value},
+    }))
+    .expect("configmap");
+    let pp = kube::api::PatchParams::apply("test").force();
+    let out = api
+        .patch(name, &pp, &kube::api::Patch::Apply(&obj))
+        .await
+        .expect("apply configmap");
+    out.metadata.resource_version.expect("rv")
+}
+
+/// Deletes ConfigMap `ns/name`.
+pub async fn delete_configmap(client: &kube::Client, ns: &str, name: &str) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), ns);
+    api.delete(name, &Default::default())
+        .await
+        .expect("delete configmap");
+}
+
 /// Server-side apply of `body` at `path` on `base` as the cluster admin (field manager
 /// `test`, conflicts forced): the answer's status, `None` when the request did not get an
 /// answer (e.g. during an API server restart).

@@ -115,9 +115,23 @@ impl Codec {
     /// A list's bytes around its items: the head (up to the first item) and the tail, for
     /// items whose messages have the given lengths. The body is
     /// `head, item_prefix(len) + item for each item, tail`.
-    pub fn list_head(&self, rv: u64, item_lens: impl Iterator<Item = usize>) -> (Bytes, Bytes) {
+    /// `more`: the continue token and the count of objects left, when more follow.
+    pub fn list_head(
+        &self,
+        rv: u64,
+        more: Option<(&str, Option<u64>)>,
+        item_lens: impl Iterator<Item = usize>,
+    ) -> (Bytes, Bytes) {
         let mut meta = Vec::new();
         put_bytes(&mut meta, 2, rv.to_string().as_bytes());
+        if let Some((token, remaining)) = more {
+            put_bytes(&mut meta, 3, token.as_bytes());
+            if let Some(n) = remaining {
+                // `remainingItemCount` (4), a varint.
+                meta.push(0x20);
+                put_varint(&mut meta, n);
+            }
+        }
         let mut list_meta = Vec::new();
         put_bytes(&mut list_meta, 1, &meta);
         let items: usize = item_lens.map(item_len).sum();
@@ -374,7 +388,7 @@ mod tests {
             msg.clone(),
             c.message(br#"{"metadata":{"name":"b"}}"#).unwrap(),
         ];
-        let (head, tail) = c.list_head(123, items.iter().map(|m| m.len()));
+        let (head, tail) = c.list_head(123, None, items.iter().map(|m| m.len()));
         let mut body = head.to_vec();
         for m in &items {
             item_prefix(m.len(), &mut body);
