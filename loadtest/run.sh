@@ -5,8 +5,9 @@
 # <results>/<scenario>-<date>.json plus <scenario>-<date>-latency-cdf.png and -rss.png,
 # and stops everything it started.
 #
-#   loadtest/run.sh [--scenario kubelet|informer|slow|flood|scale|objects|kubeproxy|restart|coalesce] [other kcache-bench flags]
+#   loadtest/run.sh [--scenario kubelet|informer|slow|flood|scale|objects|kubeproxy|restart|coalesce|relist] [other kcache-bench flags]
 #   loadtest/run.sh --scenario kubelet --nodes 10 --watches-per-node 49   # a small run
+#   loadtest/run.sh --scenario relist    # controllers' consistent paged relists + a Table list, direct and through kcache
 #
 # The standard benchmark (scenarios 1-3) and scenario 4: loadtest/standard.sh. The
 # coalescing benchmark (three runs of --scenario coalesce, one per target): loadtest/coalesce.sh.
@@ -163,5 +164,5 @@ mkdir -p "$results"
 out=()
 [[ $own_out ]] || out=(--out "$results/$scenario-$(date -u +%Y%m%dT%H%M%SZ).json")
 "${pin_gen[@]}" "$release/kcache-bench" --apiserver "$KUBE_URL" --apiserver-pid "$apid" \
-  --kcache "https://127.0.0.1:$port" --kcache-pid "$kpid" --pinning "$pinning" "${out[@]}" \
+  --kcache "https://127.0.0.1:$port" --kcache-pid "$kpid" --etcd-pid "$epid" --pinning "$pinning" "${out[@]}" \
   "${bench_args[@]}" "$@"

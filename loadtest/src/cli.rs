@@ -29,6 +29,10 @@ pub enum ScenarioKind {
     /// Kubelet-pattern single-object watches over many namespaces, for kcache's adaptive
     /// coalescing (one target per run: `loadtest/coalesce.sh` runs the three).
     Coalesce,
+    /// Controllers doing full consistent relists (`limit` pages, no resourceVersion,
+    /// following `continue`), and one `kubectl get`-style Table list: what they cost the
+    /// API server and etcd, directly and through kcache.
+    Relist,
 }
 
 impl ScenarioKind {
@@ -55,6 +59,7 @@ impl ScenarioKind {
             ScenarioKind::Kubeproxy => "kubeproxy",
             ScenarioKind::Restart => "restart",
             ScenarioKind::Coalesce => "coalesce",
+            ScenarioKind::Relist => "relist",
         }
     }
 }
@@ -89,6 +94,9 @@ pub struct Args {
     /// PID of the kcache process (RSS, CPU).
     #[arg(long)]
     pub kcache_pid: u32,
+    /// PID of etcd (relist: its CPU seconds; run.sh passes it).
+    #[arg(long)]
+    pub etcd_pid: Option<u32>,
     /// Bearer token for every request, the API server's and kcache's alike (also reads
     /// both /metrics endpoints).
     #[arg(long, default_value = "admintoken")]
@@ -115,7 +123,8 @@ pub struct Args {
     /// Default: 100 (informer: 60, kubeproxy, coalesce: 20).
     #[arg(long)]
     pub rate: Option<u64>,
-    /// Seconds of writes per measured phase. Default: 20 (slow: 15 per phase).
+    /// Seconds of writes per measured phase (relist: seconds of relists). Default: 20
+    /// (slow: 15 per phase, relist: 120).
     #[arg(long)]
     pub seconds: Option<u64>,
     /// Watches are opened in this many steps; RSS is sampled after each (RSS-vs-watches plot).
@@ -184,9 +193,17 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub kcache_coalesce_min_names: usize,
 
-    /// informer: list+watch clients.
+    /// informer: list+watch clients; relist: controllers, each relisting the namespace
+    /// every `--relist-period-secs`.
     #[arg(long, default_value_t = 50)]
     pub clients: usize,
+    /// relist: seconds between one controller's relists (their starts are staggered over
+    /// the period).
+    #[arg(long, default_value_t = 30)]
+    pub relist_period_secs: u64,
+    /// relist: `limit` of each page of a relist and of the Table list.
+    #[arg(long, default_value_t = 500)]
+    pub page_limit: usize,
     /// informer: namespaces the clients (round robin) and the churn are spread over;
     /// kubeproxy: namespaces the Services are spread over; coalesce: namespaces of
     /// Secrets and ConfigMaps. Default: informer 5, kubeproxy 10, coalesce 100.
@@ -203,8 +220,9 @@ pub struct Args {
     #[arg(long)]
     pub watches: Option<usize>,
     /// slow, scale: objects the single-object watches are spread over; objects:
-    /// ConfigMaps (~1.4 KB of JSON each) in the one namespace. Default: slow 100
-    /// ConfigMaps, scale 5,000 Secrets, objects 100,000 ConfigMaps.
+    /// ConfigMaps (~1.4 KB of JSON each) in the one namespace; relist: ConfigMaps
+    /// (`--payload-bytes` of data each) in the one namespace. Default: slow 100
+    /// ConfigMaps, scale 5,000 Secrets, objects 100,000 ConfigMaps, relist 20,000.
     #[arg(long)]
     pub objects: Option<usize>,
     /// slow: fraction of the watches that are slow consumers (namespace-wide watches that
@@ -224,9 +242,10 @@ pub struct Args {
     /// scenario's ConfigMaps).
     #[arg(long, default_value = "viewer")]
     pub flood_user: String,
-    /// slow, flood: data bytes per ConfigMap (bigger events fill a stalled stream sooner).
-    #[arg(long, default_value_t = 4096)]
-    pub payload_bytes: usize,
+    /// slow, flood, relist: data bytes per ConfigMap (bigger events fill a stalled stream
+    /// sooner). Default: slow, flood 4,096, relist 128.
+    #[arg(long)]
+    pub payload_bytes: Option<usize>,
     /// scale: at most this many watches against the API server directly (it holds about
     /// 100 KB per watch and a core's worth of CPU to open 10,000); the output says when
     /// it measured fewer than kcache.

@@ -46,7 +46,7 @@ impl Params {
             readers: a.flood_readers.max(1),
             flooders: a.flood_concurrency.max(1),
             objects: a.objects.unwrap_or(100).max(1),
-            payload_bytes: a.payload_bytes,
+            payload_bytes: a.payload_bytes.unwrap_or(4096),
             rate: a.rate.unwrap_or(100).max(1),
             seconds: a.seconds.unwrap_or(15),
         }

@@ -7,7 +7,8 @@
 //! watch counters. Targets never overlap: the watches of one are closed before the next
 //! starts. `objects` measures no watch workload (RSS per cached object and whole-namespace
 //! lists) and does without a [`Session`]; neither does `restart`, whose clients reconnect
-//! and relist as client-go's reflector does and whose API server changes pid mid-run.
+//! and relist as client-go's reflector does and whose API server changes pid mid-run, nor
+//! `relist`, whose clients only list (paged, consistent, as controllers' relists).
 
 pub mod coalesce;
 pub mod flood;
@@ -15,6 +16,7 @@ pub mod informer;
 pub mod kubelet;
 pub mod kubeproxy;
 pub mod objects;
+pub mod relist;
 pub mod restart;
 pub mod scale;
 pub mod slow;
@@ -27,7 +29,7 @@ use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 
 use crate::cli::{Args, TargetKind};
-use crate::client::{Api, ConnModel, ConnPool};
+use crate::client::{Api, ConnModel, ConnPool, Created};
 use crate::probe::{self, Cpu};
 use crate::progress::{Progress, Tracking};
 use crate::record::{delete_key, next_seq_key, Counters, Recorder, SEQ_ANNOTATION};
@@ -595,14 +597,11 @@ pub struct NameWatches {
     pub objects: Vec<String>,
 }
 
-pub async fn name_watches(
-    ctx: &Ctx,
-    ns: &str,
-    objects: usize,
-    payload_bytes: usize,
-    normal: usize,
-) -> NameWatches {
-    ctx.progress.stage("creating ConfigMaps");
+/// Creates `ns` and in it ConfigMaps `o0`.. with `payload_bytes` of data each, through
+/// the API server; what was created.
+pub async fn seed_configmaps(ctx: &Ctx, ns: &str, objects: usize, payload_bytes: usize) -> Created {
+    ctx.progress
+        .stage(&format!("creating {objects} ConfigMaps in {ns}"));
     if let Err(e) = ctx.api.ensure_namespace(ns).await {
         ctx.progress.log(&format!("namespace {ns}: {e}"));
     }
@@ -620,6 +619,17 @@ pub async fn name_watches(
         "setup: {} ConfigMaps created, {} existed, {} failed",
         n.created, n.existed, n.failed
     ));
+    n
+}
+
+pub async fn name_watches(
+    ctx: &Ctx,
+    ns: &str,
+    objects: usize,
+    payload_bytes: usize,
+    normal: usize,
+) -> NameWatches {
+    seed_configmaps(ctx, ns, objects, payload_bytes).await;
     let path = |i: usize| format!("/api/v1/namespaces/{ns}/configmaps/o{i}");
     let watches = (0..normal)
         .map(|i| {
@@ -649,5 +659,6 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         crate::cli::ScenarioKind::Kubeproxy => kubeproxy::run(ctx).await,
         crate::cli::ScenarioKind::Restart => restart::run(ctx).await,
         crate::cli::ScenarioKind::Coalesce => coalesce::run(ctx).await,
+        crate::cli::ScenarioKind::Relist => relist::run(ctx).await,
     }
 }

@@ -61,9 +61,9 @@ const BACKOFF_INITIAL: Duration = Duration::from_millis(800);
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
 const BACKOFF_RESET: Duration = Duration::from_secs(120);
 /// client-go's REST client retries a 429/5xx that carries `Retry-After` this many times.
-const MAX_RETRIES: usize = 10;
+pub(super) const MAX_RETRIES: usize = 10;
 /// Longest wait for a list's body or a watch's response headers.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest wait for the API server to be ready after the restart.
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 
@@ -378,7 +378,7 @@ fn refused(e: &reqwest::Error) -> bool {
 /// A failed request's kind and innermost cause (e.g. `connect error: Connection reset by
 /// peer (os error 104)`), for the reasons in the report: which failure a client saw
 /// decides whether it relists.
-fn error_kind(e: &reqwest::Error) -> String {
+pub(super) fn error_kind(e: &reqwest::Error) -> String {
     let kind = if e.is_connect() {
         "connect"
     } else if e.is_timeout() {
@@ -396,7 +396,7 @@ fn error_kind(e: &reqwest::Error) -> String {
 }
 
 /// `Retry-After` in seconds, as client-go's `checkWait` reads it (429 and 5xx only).
-fn retry_after(resp: &reqwest::Response) -> Option<Duration> {
+pub(super) fn retry_after(resp: &reqwest::Response) -> Option<Duration> {
     let status = resp.status().as_u16();
     if status != 429 && !(500..600).contains(&status) {
         return None;
