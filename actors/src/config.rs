@@ -25,6 +25,10 @@ pub struct CacheConfig {
     /// `timeoutSeconds` of upstream watches. A 1.20 upstream sends a bookmark only shortly
     /// before a watch's timeout, so this bounds how stale a quiet key's progress gets.
     pub upstream_watch_timeout_secs: u64,
+    /// Start and restart keys with streaming lists (`sendInitialEvents`) where the
+    /// upstream serves them: its watch cache sends the state as events instead of building
+    /// a list, and the stream goes on as the key's watch.
+    pub upstream_streaming_lists: bool,
     /// Stop the upstream watch of immutable Secrets/ConfigMaps once synced (the kubelet does).
     pub immutable_stop_watch: bool,
     /// Seconds between upstream re-verifications of a parked immutable object.
@@ -77,6 +81,7 @@ impl Default for CacheConfig {
             grace_period_secs: 30,
             bookmark_frequency_secs: 60,
             upstream_watch_timeout_secs: 120,
+            upstream_streaming_lists: true,
             immutable_stop_watch: true,
             immutable_verify_secs: 60,
             block_timeout_ms: 3_000,

@@ -13,6 +13,7 @@ pub const TERMINATED_WATCHERS: &str = "kcache_terminated_watchers_total";
 pub const WINDOW_EVENTS: &str = "kcache_watch_cache_window_events";
 pub const CACHED_OBJECTS: &str = "kcache_cached_objects";
 pub const UPSTREAM_LISTS: &str = "kcache_upstream_lists_total";
+pub const UPSTREAM_STREAMING_LISTS: &str = "kcache_upstream_streaming_lists_total";
 pub const UPSTREAM_ERRORS: &str = "kcache_upstream_errors_total";
 pub const RELIST_EVENTS: &str = "kcache_relist_synthetic_events_total";
 pub const READ_WAIT: &str = "kcache_watch_cache_read_wait_seconds";
@@ -92,7 +93,11 @@ pub fn describe() {
     describe_gauge!(CACHED_OBJECTS, "Objects held in keys' stores.");
     describe_counter!(
         UPSTREAM_LISTS,
-        "Upstream lists (initial syncs, relists, probes)."
+        "Upstream lists (initial syncs, relists, probes), streaming lists included."
+    );
+    describe_counter!(
+        UPSTREAM_STREAMING_LISTS,
+        "Upstream streaming lists (sendInitialEvents) a key started or restarted with."
     );
     describe_counter!(UPSTREAM_ERRORS, "Failed upstream lists and watches.");
     describe_counter!(RELIST_EVENTS, "Synthetic events emitted by relist diffs.");
@@ -162,6 +167,7 @@ pub fn register_resource(group: &str, resource: &str) {
         TERMINATED_WATCHERS,
         EXPIRED_WATCHES,
         UPSTREAM_LISTS,
+        UPSTREAM_STREAMING_LISTS,
         UPSTREAM_ERRORS,
         KEYS_REFUSED,
     ] {

@@ -5,6 +5,8 @@
 //! does the I/O the state machine asks for, and reports lists, events and progress to its
 //! CachedObject over a bounded channel (so a slow key slows its own upstream read, nothing else).
 
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -60,6 +62,10 @@ pub enum Error {
     },
     #[error("upstream watch of {key} went silent for {secs} s")]
     WatchSilent { key: String, secs: u64 },
+    /// A streaming list that ended, or sent what no streaming list sends, before its
+    /// initial-events-end bookmark.
+    #[error("upstream streaming list of {key} ended before its initial events did: {what}")]
+    StreamingListCut { key: String, what: String },
     #[error("replay of {key} holds more than the {max} events its window has room for")]
     ReplayTooLong { key: String, max: usize },
 }
@@ -72,6 +78,9 @@ pub struct UpstreamLimits {
     lists: Semaphore,
     next_slot: Mutex<Instant>,
     interval: Duration,
+    /// The upstream refused a streaming list: every key lists instead from then on (an
+    /// upstream is one API server version for all keys).
+    no_streaming_lists: AtomicBool,
 }
 
 impl UpstreamLimits {
@@ -80,6 +89,14 @@ impl UpstreamLimits {
             lists: Semaphore::new(max_concurrent_lists.max(1)),
             next_slot: Mutex::new(Instant::now()),
             interval: Duration::from_secs(1) / qps.max(1),
+            no_streaming_lists: AtomicBool::new(false),
+        }
+    }
+
+    /// Remembers that the upstream does not serve streaming lists, saying why once.
+    fn refuse_streaming_lists(&self, key: &Key, why: &str) {
+        if !self.no_streaming_lists.swap(true, Ordering::Relaxed) {
+            tracing::warn!(%key, why, "the upstream does not serve streaming lists; keys list instead");
         }
     }
 
@@ -141,6 +158,7 @@ impl UpstreamSource {
             key: key.clone(),
             tx,
             cmds: cmd_rx,
+            streaming: std::sync::Mutex::new(None),
         };
         let initial = match resume {
             Some(rv) if rv > 0 => State::Watching { rv },
@@ -327,6 +345,30 @@ struct Run {
     key: Key,
     tx: mpsc::Sender<SourceMsg>,
     cmds: mpsc::Receiver<SourceCmd>,
+    /// A streaming list's stream past its initial events: the watch that follows it. In
+    /// a mutex only so that `&Run` may cross an `.await` (the stream is `Send`, not
+    /// `Sync`); only `&mut self` methods touch it (`get_mut`: never locked).
+    streaming: std::sync::Mutex<Option<Streaming>>,
+}
+
+/// An upstream watch's events.
+type Events = Pin<Box<dyn futures::Stream<Item = Result<WireEvent, kube::Error>> + Send>>;
+
+/// A streaming list's stream once its initial events ended at `rv`.
+struct Streaming {
+    rv: u64,
+    conn: crate::upstream_pool::Checkout,
+    events: Events,
+}
+
+/// Where an upstream watch starts.
+#[derive(Clone, Copy, Debug)]
+enum Start {
+    /// With the events after this RV.
+    After(u64),
+    /// As a streaming list: the state (at least as new as the RV, when given) as ADDED
+    /// events, the initial-events-end bookmark, then events.
+    Stream(Option<u64>),
 }
 
 /// The outcome of one watch stream.
@@ -454,31 +496,32 @@ impl Reader {
     /// the checkout is the stream's share of its upstream connection, to hold as long.
     async fn open_watch(
         &self,
-        rv: u64,
+        start: Start,
         timeout_secs: u64,
         paced: bool,
-    ) -> Result<
-        (
-            crate::upstream_pool::Checkout,
-            impl futures::Stream<Item = Result<WireEvent, kube::Error>>,
-        ),
-        kube::Error,
-    > {
+    ) -> Result<(crate::upstream_pool::Checkout, Events), kube::Error> {
         if paced {
             self.limits.pace().await;
         }
-        let uri = self.uri(&[
-            ("watch", "true".into()),
-            ("resourceVersion", rv.to_string()),
-            ("allowWatchBookmarks", "true".into()),
-            ("timeoutSeconds", timeout_secs.to_string()),
-        ]);
-        let req = http::Request::get(uri)
+        let mut params = vec![("watch", "true".to_string())];
+        match start {
+            Start::After(rv) => params.push(("resourceVersion", rv.to_string())),
+            Start::Stream(rv) => {
+                params.push(("sendInitialEvents", "true".into()));
+                params.push(("resourceVersionMatch", "NotOlderThan".into()));
+                if let Some(rv) = rv {
+                    params.push(("resourceVersion", rv.to_string()));
+                }
+            }
+        }
+        params.push(("allowWatchBookmarks", "true".into()));
+        params.push(("timeoutSeconds", timeout_secs.to_string()));
+        let req = http::Request::get(self.uri(&params))
             .body(Vec::new())
             .map_err(kube::Error::HttpError)?;
         let conn = self.clients.checkout();
         let stream = watch_events(conn.client(), req, self.schema).await?;
-        Ok((conn, stream))
+        Ok((conn, Box::pin(stream)))
     }
 
     /// Answers `SourceCmd::Replay`: the key at exactly `from`, then a watch from `from`
@@ -519,7 +562,7 @@ impl Reader {
         // three seconds bring one after about a second; the stream's end is the backstop.
         let key = self.key.to_string();
         let (_conn, stream) = self
-            .open_watch(from, REPLAY_WATCH_SECS, true)
+            .open_watch(Start::After(from), REPLAY_WATCH_SECS, true)
             .await
             .map_err(|source| Error::WatchStartFailed {
                 key: key.clone(),
@@ -542,7 +585,7 @@ impl Reader {
             };
             let (kind, object) = match event {
                 WireEvent::Object { kind, object } => (kind, object),
-                WireEvent::Bookmark { rv } => {
+                WireEvent::Bookmark { rv, .. } => {
                     if rv >= to {
                         return Ok(replay);
                     }
@@ -628,13 +671,16 @@ impl Run {
                     }
                 },
                 Action::Backoff => {
+                    *self.streaming_mut() = None;
                     let delay = backoff.next(now_ms(), rand::random::<f64>(), retry_after.take());
                     tokio::time::sleep(delay).await;
                     action = state.resume();
                     continue;
                 }
                 Action::Park => {
-                    // No upstream watch: wait for the verification timer or a probe.
+                    // No upstream watch (a streaming list's stream included): wait for the
+                    // verification timer or a probe.
+                    *self.streaming_mut() = None;
                     let verify = Duration::from_secs(self.cfg.immutable_verify_secs.max(1));
                     tokio::select! {
                         _ = tokio::time::sleep(verify) => {}
@@ -659,6 +705,13 @@ impl Run {
         }
     }
 
+    fn streaming_mut(&mut self) -> &mut Option<Streaming> {
+        // A poisoned lock only means a panic elsewhere held it; the value is still whole.
+        self.streaming
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Whether the key parks on `items` (`Key::parks`), when configured to.
     fn frozen(&self, items: &[Object]) -> bool {
         self.cfg.immutable_stop_watch && self.key.parks(items)
@@ -676,11 +729,103 @@ impl Run {
             .await;
     }
 
+    /// The key's (re)list: a streaming list where the upstream serves them (its watch
+    /// cache sends the state as events, building no list; the stream goes on as the
+    /// key's watch), else a list.
     async fn list(&mut self, rv: Option<u64>) -> Result<(Vec<Object>, u64)> {
+        *self.streaming_mut() = None;
+        if self.cfg.upstream_streaming_lists
+            && !self.up.limits.no_streaming_lists.load(Ordering::Relaxed)
+        {
+            if let Some(listed) = self.stream_list(rv).await? {
+                return Ok(listed);
+            }
+        }
         match rv {
             // NotOlderThan the last RV: a relist must never go back in time, which `0` could.
             Some(rv) => self.up.list_with(rv, "NotOlderThan").await,
             None => self.up.list_params(&[]).await,
+        }
+    }
+
+    /// A streaming list of the key (state at least as new as `from`), its stream kept for
+    /// the watch that follows; `None` when the upstream does not serve streaming lists: it
+    /// refuses the parameters (a WatchList gate turned off), or — a server that ignores
+    /// them — sends something else than ADDED events before its first bookmark.
+    async fn stream_list(&mut self, from: Option<u64>) -> Result<Option<(Vec<Object>, u64)>> {
+        let key = self.key.to_string();
+        let timeout = self.cfg.upstream_watch_timeout_secs.max(1);
+        // Paced, limited and counted as a list: its initial events are one.
+        self.up.limits.pace().await;
+        let permit = self.up.limits.lists.acquire().await.ok();
+        let labels = [
+            ("group", self.key.resource.group.clone()),
+            ("resource", self.key.resource.resource.clone()),
+        ];
+        metrics::counter!(m::UPSTREAM_LISTS, &labels).increment(1);
+        metrics::counter!(m::UPSTREAM_STREAMING_LISTS, &labels).increment(1);
+        let refused = |code: u16| matches!(code, 400 | 422);
+        let (conn, mut events) = match self
+            .up
+            .open_watch(Start::Stream(from), timeout, false)
+            .await
+        {
+            Ok(opened) => opened,
+            Err(kube::Error::Api(s)) if refused(s.code) => {
+                self.up.limits.refuse_streaming_lists(&self.key, &s.message);
+                return Ok(None);
+            }
+            Err(source) => return Err(Error::ListFailed { key, source }),
+        };
+        let idle = Duration::from_secs(timeout + 30);
+        let cut = |what: String| Error::StreamingListCut {
+            key: key.clone(),
+            what,
+        };
+        let mut items = Vec::new();
+        loop {
+            let event = match tokio::time::timeout(idle, events.next()).await {
+                Err(_) => return Err(cut(format!("silent for {} s", idle.as_secs()))),
+                Ok(None) => return Err(cut(format!("ended after {} objects", items.len()))),
+                Ok(Some(Err(kube::Error::Api(s)))) if refused(s.code) && items.is_empty() => {
+                    self.up.limits.refuse_streaming_lists(&self.key, &s.message);
+                    return Ok(None);
+                }
+                Ok(Some(Err(source))) => return Err(Error::ListFailed { key, source }),
+                Ok(Some(Ok(event))) => event,
+            };
+            match event {
+                WireEvent::Object {
+                    kind: EventType::Added,
+                    object,
+                } => items.push(object),
+                WireEvent::Bookmark {
+                    rv,
+                    initial_events_end: true,
+                } if rv > 0 => {
+                    drop(permit);
+                    *self.streaming_mut() = Some(Streaming { rv, conn, events });
+                    return Ok(Some((items, rv)));
+                }
+                WireEvent::Object { kind, .. } => {
+                    self.up.limits.refuse_streaming_lists(
+                        &self.key,
+                        &format!("a {kind:?} event among the initial events"),
+                    );
+                    return Ok(None);
+                }
+                WireEvent::Bookmark { .. } => {
+                    self.up.limits.refuse_streaming_lists(
+                        &self.key,
+                        "a bookmark without k8s.io/initial-events-end before the initial events ended",
+                    );
+                    return Ok(None);
+                }
+                WireEvent::Error(status) => {
+                    let s = status_of(&status, 500);
+                    return Err(cut(format!("error {}: {}", s.code, s.message)));
+                }
+            }
         }
     }
 
@@ -693,10 +838,14 @@ impl Run {
         let key = self.key.to_string();
         // The checkout is held while the stream lives: it counts against its HTTP/2
         // connection.
-        let (_conn, stream) = match self.up.open_watch(rv, timeout, paced).await {
-            Ok(s) => s,
-            Err(kube::Error::Api(s)) if s.code == 410 => return Ok(WatchEnd::Gone),
-            Err(source) => return Err(Error::WatchStartFailed { key, source }),
+        // The streaming list's own stream, when it ended its initial events at `rv`.
+        let (_conn, stream) = match self.streaming_mut().take().filter(|s| s.rv == rv) {
+            Some(s) => (s.conn, s.events),
+            None => match self.up.open_watch(Start::After(rv), timeout, paced).await {
+                Ok(s) => s,
+                Err(kube::Error::Api(s)) if s.code == 410 => return Ok(WatchEnd::Gone),
+                Err(source) => return Err(Error::WatchStartFailed { key, source }),
+            },
         };
         self.up.health.ok();
         let _gauge = WatchGauge::open();
@@ -716,7 +865,8 @@ impl Run {
                             continue;
                         }
                         Some(SourceCmd::Probe) => {
-                            match self.list(None).await {
+                            // A plain list: the watch goes on beside it.
+                            match self.up.list_params(&[]).await {
                                 Ok((items, rv)) => {
                                     if self.tx.send(SourceMsg::Listed { items, rv, gap: false }).await.is_err() {
                                         return Ok(WatchEnd::Closed);
@@ -754,8 +904,8 @@ impl Run {
                     (SourceMsg::Event { kind, object, rv }, frozen)
                 }
                 // A bookmark without a usable RV moves nothing.
-                WireEvent::Bookmark { rv: 0 } => continue,
-                WireEvent::Bookmark { rv } => (SourceMsg::Progress { rv }, false),
+                WireEvent::Bookmark { rv: 0, .. } => continue,
+                WireEvent::Bookmark { rv, .. } => (SourceMsg::Progress { rv }, false),
                 WireEvent::Error(status) => {
                     let s = status_of(&status, 500);
                     if s.code == 410 {

@@ -268,6 +268,10 @@ mod tests {
         let def = Config::default();
         assert_eq!(cfg.cache.window_capacity, def.cache.window_capacity);
         assert_eq!(cfg.cache.grace_period_secs, def.cache.grace_period_secs);
+        assert_eq!(
+            cfg.cache.upstream_streaming_lists,
+            def.cache.upstream_streaming_lists
+        );
         assert_eq!(cfg.cache.watcher_buffer, def.cache.watcher_buffer);
         assert_eq!(
             cfg.cache.upstream_watch_timeout_secs,

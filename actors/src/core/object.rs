@@ -735,9 +735,11 @@ pub enum WireEvent {
         kind: EventType,
         object: Object,
     },
-    /// A BOOKMARK: the resourceVersion it carries.
+    /// A BOOKMARK: the resourceVersion it carries, and whether it ends a streaming list's
+    /// initial events (annotated `k8s.io/initial-events-end: "true"`).
     Bookmark {
         rv: u64,
+        initial_events_end: bool,
     },
     /// An ERROR: the `Status` object's JSON.
     Error(Bytes),
@@ -763,7 +765,10 @@ pub fn parse_line(line: &[u8], schema: Schema) -> Result<WireEvent> {
         "DELETED" => EventType::Deleted,
         "BOOKMARK" => {
             let header = Header::read(raw, Schema::Generic)?;
-            return Ok(WireEvent::Bookmark { rv: header.rv });
+            return Ok(WireEvent::Bookmark {
+                rv: header.rv,
+                initial_events_end: ends_initial_events(raw),
+            });
         }
         "ERROR" => return Ok(WireEvent::Error(Bytes::copy_from_slice(raw))),
         other => return Err(Error::Line(format!("unknown event type {other:?}"))),
@@ -771,6 +776,27 @@ pub fn parse_line(line: &[u8], schema: Schema) -> Result<WireEvent> {
     let object = Object::parse_copy(raw, schema, "", "")?;
     Ok(WireEvent::Object { kind, object })
 }
+
+/// Whether a bookmark's object carries `k8s.io/initial-events-end: "true"`: a bookmark
+/// is small, so it is read as a tree.
+fn ends_initial_events(raw: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Bookmark {
+        metadata: Option<Meta>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        annotations: Option<std::collections::HashMap<String, String>>,
+    }
+    serde_json::from_slice::<Bookmark>(raw).is_ok_and(|b| {
+        b.metadata
+            .and_then(|m| m.annotations)
+            .is_some_and(|a| a.get(INITIAL_EVENTS_END).is_some_and(|v| v == "true"))
+    })
+}
+
+/// The annotation a streaming list's last initial bookmark carries.
+pub const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 
 /// Reads a whole list body (a fleet snapshot): its items (each copied out, with `kind`
 /// and `apiVersion` added when missing) and `metadata.resourceVersion` (`None` when
@@ -1230,7 +1256,18 @@ mod tests {
         let bm = br#"{"type":"BOOKMARK","object":{"kind":"Secret","metadata":{"resourceVersion":"77"}}}"#;
         assert!(matches!(
             parse_line(bm, Schema::Secret).unwrap(),
-            WireEvent::Bookmark { rv: 77 }
+            WireEvent::Bookmark {
+                rv: 77,
+                initial_events_end: false
+            }
+        ));
+        let end = br#"{"type":"BOOKMARK","object":{"kind":"Secret","metadata":{"resourceVersion":"78","annotations":{"k8s.io/initial-events-end":"true"}}}}"#;
+        assert!(matches!(
+            parse_line(end, Schema::Secret).unwrap(),
+            WireEvent::Bookmark {
+                rv: 78,
+                initial_events_end: true
+            }
         ));
         let err = br#"{"type":"ERROR","object":{"kind":"Status","code":410}}"#;
         match parse_line(err, Schema::Secret).unwrap() {

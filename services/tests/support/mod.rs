@@ -627,6 +627,22 @@ pub fn upstream_watches_in(text: &str, resource: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
+/// How many `verb` requests (e.g. `"LIST"`) of `resource` the API server has completed: the
+/// sum of its `apiserver_request_total` counters for them, from a `/metrics` text.
+pub fn api_requests_in(text: &str, verb: &str, resource: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter_map(|line| {
+            let (labels, rest) = parse_labels(&line["apiserver_request_total{".len()..])?;
+            let has = |k: &str, v: &str| labels.iter().any(|(lk, lv)| lk == k && lv == v);
+            if !has("verb", verb) || !has("resource", resource) || !has("subresource", "") {
+                return None;
+            }
+            rest.split_whitespace().next()?.parse::<f64>().ok()
+        })
+        .sum::<f64>() as u64
+}
+
 impl Drop for TestCluster {
     fn drop(&mut self) {
         self.kill_apiserver();
