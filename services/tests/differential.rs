@@ -90,12 +90,30 @@ const IDENTITIES: [Identity; 5] = [
 #[derive(Clone)]
 struct Request {
     target: String,
+    /// What kcache is sent instead, when the request continues a page chain: the same
+    /// continue token in kcache's own format (`kcache.io/v1`) where the API server gets
+    /// its own (`meta.k8s.io/v1`), fields alike, so both read the same token.
+    kcache_target: Option<String>,
     accept: Option<&'static str>,
+}
+
+impl Request {
+    /// What kcache is sent.
+    fn to_kcache(&self) -> Request {
+        Request {
+            target: self.kcache_target.as_ref().unwrap_or(&self.target).clone(),
+            kcache_target: None,
+            accept: self.accept,
+        }
+    }
 }
 
 impl fmt::Display for Request {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "GET {}", self.target)?;
+        if let Some(kcache) = &self.kcache_target {
+            write!(f, " (to kcache: {kcache})")?;
+        }
         if let Some(accept) = self.accept {
             write!(f, " [Accept: {accept}]")?;
         }
@@ -261,17 +279,27 @@ fn generate(seed: u64, index: u64, store: &Store) -> Request {
         rng.pick(&UNCACHED)
     };
     let path = path(&mut rng, resource);
-    let query = query(&mut rng, path.resource, store, path.deprecated_watch);
+    // The query twice from the same draws: continue tokens in each server's format.
+    let mut same = rng.clone();
+    let query_to =
+        |rng: &mut Rng, format| query(rng, path.resource, store, path.deprecated_watch, format);
+    let query = query_to(&mut rng, API_TOKENS);
+    let kcache_query = query_to(&mut same, KCACHE_TOKENS);
     let accept = if rng.chance(20) {
         Some(rng.pick(&ACCEPTS))
     } else {
         None
     };
-    let target = match query {
+    let with = |q: Option<String>| match q {
         Some(q) => format!("{}?{q}", path.text),
-        None => path.text,
+        None => path.text.clone(),
     };
-    Request { target, accept }
+    let (target, kcache_target) = (with(query), with(kcache_query));
+    Request {
+        kcache_target: (kcache_target != target).then_some(kcache_target),
+        target,
+        accept,
+    }
 }
 
 /// A namespace or name segment: mostly one that exists or plausibly could, else odd.
@@ -377,8 +405,27 @@ fn odd_path(rng: &mut Rng, resource: &str) -> String {
     }
 }
 
-/// A value for query parameter `key` from its pool.
-fn value_for(rng: &mut Rng, key: &str, resource: &str, store: &Store) -> String {
+/// The `v` of the continue tokens a server reads as its own.
+const API_TOKENS: &str = "meta.k8s.io/v1";
+const KCACHE_TOKENS: &str = "kcache.io/v1";
+
+/// A continue token in `format` (a server's version field): the resource's current
+/// resourceVersion or an old, zero or "latest" one, from a plausible or an invalid key.
+fn continue_token(rng: &mut Rng, resource: &str, store: &Store, format: &str) -> String {
+    use base64::Engine;
+    let rv: i64 = match rng.below(4) {
+        0 => store.current_rv(resource).parse().unwrap_or(1),
+        1 => 1,
+        2 => 0,
+        _ => -1,
+    };
+    let start = rng.pick(&["cm1\\u0000", "s1\\u0000", "/", "", "../x", "a/"]);
+    let json = format!(r#"{{"v":"{format}","rv":{rv},"start":"{start}"}}"#);
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json)
+}
+
+/// A value for query parameter `key` from its pool; continue tokens in `format`.
+fn value_for(rng: &mut Rng, key: &str, resource: &str, store: &Store, format: &str) -> String {
     let v = match key {
         "watch" => rng.pick(&WATCH_VALUES),
         "resourceVersion" => {
@@ -393,6 +440,7 @@ fn value_for(rng: &mut Rng, key: &str, resource: &str, store: &Store) -> String 
         }
         "resourceVersionMatch" => rng.pick(&RV_MATCHES),
         "limit" => rng.pick(&LIMITS),
+        "continue" if rng.chance(70) => return continue_token(rng, resource, store, format),
         "continue" => rng.pick(&CONTINUES),
         "labelSelector" => rng.pick(&LABEL_SELECTORS),
         "fieldSelector" => rng.pick(&FIELD_SELECTORS),
@@ -427,7 +475,13 @@ fn encode_pair(rng: &mut Rng, key: &str, value: &str) -> String {
 }
 
 /// The query string (`None`: no `?` at all).
-fn query(rng: &mut Rng, resource: &str, store: &Store, deprecated_watch: bool) -> Option<String> {
+fn query(
+    rng: &mut Rng,
+    resource: &str,
+    store: &Store,
+    deprecated_watch: bool,
+    format: &str,
+) -> Option<String> {
     let watch = deprecated_watch || rng.chance(12);
     let mut keys: Vec<&str> = Vec::new();
     if watch && !deprecated_watch {
@@ -437,7 +491,7 @@ fn query(rng: &mut Rng, resource: &str, store: &Store, deprecated_watch: bool) -
         ("resourceVersion", 85),
         ("resourceVersionMatch", 10),
         ("limit", 10),
-        ("continue", 3),
+        ("continue", 6),
         ("labelSelector", 20),
         ("fieldSelector", 20),
         ("includeObject", 5),
@@ -465,7 +519,7 @@ fn query(rng: &mut Rng, resource: &str, store: &Store, deprecated_watch: bool) -
     }
     let mut pairs: Vec<(&str, String)> = keys
         .into_iter()
-        .map(|k| (k, value_for(rng, k, resource, store)))
+        .map(|k| (k, value_for(rng, k, resource, store, format)))
         .collect();
     // Watches end by themselves, ahead of any other timeoutSeconds (the first wins).
     if watch {
@@ -752,9 +806,16 @@ enum Allowed {
     /// resourceVersion and streaming-list parameters are no longer allowed differences:
     /// kcache answers them as the reference version does.)
     FresherThanTheWatchCache,
+    /// A page chain continued at a resourceVersion older than the key's history: the
+    /// API server reads it from its snapshots or etcd, kcache — whose token cannot go
+    /// upstream — answers 410 Expired, from which client-go's pager lists again.
+    ContinuePastHistory,
 }
 
-fn allowed(_request: &Request, api: &Answer, kcache: &Answer) -> Option<Allowed> {
+fn allowed(request: &Request, api: &Answer, kcache: &Answer) -> Option<Allowed> {
+    if request.kcache_target.is_some() && api.class() == 2 && kcache.code == 410 {
+        return Some(Allowed::ContinuePastHistory);
+    }
     if api.code == 504
         && api.note.contains("Too large resource version")
         && (kcache.class() == 2 || kcache.code == 404)
@@ -1084,9 +1145,10 @@ async fn kcache_answers_generated_requests_as_the_api_server_does() {
                 if Instant::now() > deadline {
                     return None;
                 }
+                let to_kcache = request.to_kcache();
                 let (a, k) = tokio::join!(
                     exchange(api, &request, identity.token),
-                    exchange(kc, &request, identity.token)
+                    exchange(kc, &to_kcache, identity.token)
                 );
                 let difference = compare(&request, &a, &k);
                 Some(Case {

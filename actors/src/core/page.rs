@@ -55,8 +55,9 @@ pub enum Continue {
 /// Where a page chain continues.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Token {
-    /// The resourceVersion every page of the chain is read at.
-    pub rv: u64,
+    /// The resourceVersion every page of the chain is read at; `None`: the latest, a
+    /// consistent read (the API server's "inconsistent continue" token, `rv` −1).
+    pub rv: Option<u64>,
     /// The next page's first key relative to the list's scope, cleaned as the API server
     /// cleans it: `name\0`, or `namespace/name\0` for a cluster-wide list.
     pub start: String,
@@ -82,13 +83,11 @@ impl Continue {
         if wire.v != TOKEN_VERSION {
             return Ok(Continue::Upstream);
         }
-        // As `storage.DecodeContinue`.
-        let Ok(rv) = u64::try_from(wire.rv) else {
-            return Err(Error::StartRv);
+        // As `storage.DecodeContinue`: 0 is invalid, a negative one asks for the latest.
+        let rv = match wire.rv {
+            0 => return Err(Error::StartRv),
+            rv => u64::try_from(rv).ok(),
         };
-        if rv == 0 {
-            return Err(Error::StartRv);
-        }
         if wire.start.is_empty() {
             return Err(Error::EmptyStart);
         }
@@ -111,7 +110,7 @@ impl Token {
     /// The token continuing after `last` (relative to the list's scope) at `rv`.
     pub fn after(rv: u64, last: &str) -> Token {
         Token {
-            rv,
+            rv: Some(rv),
             start: format!("{last}\0"),
         }
     }
@@ -119,7 +118,9 @@ impl Token {
     pub fn encode(&self) -> String {
         let wire = Wire {
             v: TOKEN_VERSION.to_string(),
-            rv: i64::try_from(self.rv).unwrap_or(i64::MAX),
+            rv: self
+                .rv
+                .map_or(-1, |rv| i64::try_from(rv).unwrap_or(i64::MAX)),
             start: self.start.clone(),
         };
         let json = serde_json::to_vec(&wire).unwrap_or_default();
@@ -213,7 +214,7 @@ mod tests {
     fn tokens_read_as_the_api_servers_decoder_reads_them() {
         let ours = |rv, start: &str| {
             Ok(Continue::Kcache(Token {
-                rv,
+                rv: Some(rv),
                 start: start.to_string(),
             }))
         };
@@ -253,9 +254,13 @@ mod tests {
                 token(r#"{"v":"kcache.io/v1","rv":0,"start":"a"}"#),
                 Err(Error::StartRv),
             ),
+            // −1: the latest state, from the key on (the API server's inconsistent token).
             (
                 token(r#"{"v":"kcache.io/v1","rv":-1,"start":"a"}"#),
-                Err(Error::StartRv),
+                Ok(Continue::Kcache(Token {
+                    rv: None,
+                    start: "a".into(),
+                })),
             ),
             (
                 token(r#"{"v":"kcache.io/v1","rv":3,"start":""}"#),

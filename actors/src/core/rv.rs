@@ -319,9 +319,13 @@ pub fn plan_list(
     let read = |at, limit, start| ListPlan::Cache(ListRead { at, limit, start });
     match (cont, rv, rv_match) {
         (Some(Continue::Upstream), ..) => ListPlan::Upstream,
+        // The chain's state (a token of the latest: a consistent read from its key on);
         // `0` lifts the limit, with a token too.
-        (Some(Continue::Kcache(t)), Rv::Any, _) => read(At::Exact(t.rv), 0, Some(t.start.clone())),
-        (Some(Continue::Kcache(t)), ..) => read(At::Exact(t.rv), limit, Some(t.start.clone())),
+        (Some(Continue::Kcache(t)), rv, _) => {
+            let at = t.rv.map_or(At::Consistent, At::Exact);
+            let limit = if rv == Rv::Any { 0 } else { limit };
+            read(at, limit, Some(t.start.clone()))
+        }
         (None, Rv::Any, _) => read(At::NotOlderThan(0), 0, None),
         (None, Rv::Unset, _) => read(At::Consistent, limit, None),
         (None, Rv::At(n), Some(RvMatch::Exact)) => read(At::Exact(n), limit, None),
@@ -551,10 +555,21 @@ mod tests {
             })
         };
         let ours = Continue::Kcache(Token {
-            rv: 9,
+            rv: Some(9),
+            start: "a\0".into(),
+        });
+        let latest = Continue::Kcache(Token {
+            rv: None,
             start: "a\0".into(),
         });
         let cases = [
+            (
+                Rv::Unset,
+                None,
+                Some(3),
+                Some(&latest),
+                read(At::Consistent, 3, Some("a\0")),
+            ),
             (Rv::Unset, None, None, None, read(At::Consistent, 0, None)),
             (
                 Rv::Unset,

@@ -8,6 +8,7 @@ pub fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+#[derive(Clone)]
 pub struct Rng(u64);
 
 impl Rng {
