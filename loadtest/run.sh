@@ -21,7 +21,9 @@
 # Environment: KCACHE_BENCH_RESULTS (default loadtest/results), KCACHE_BENCH_NO_BUILD=1
 # (use the binaries in target/release as they are), KCACHE_BENCH_NOFILE (open-file limit
 # to ask for, default 200000), KCACHE_BENCH_LOG_DIR (copy kcache.log and apiserver.log
-# there at the end, whatever the outcome). CARGO_TARGET_DIR, if set, is where cargo
+# there at the end, whatever the outcome), KCACHE_BENCH_SERVER_TOML and
+# KCACHE_BENCH_CACHE_TOML (an experiment's extra [server] and [cache] lines of kcache's
+# configuration, recorded with the rest). CARGO_TARGET_DIR, if set, is where cargo
 # builds and where the binaries are taken from (default: target).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -115,8 +117,11 @@ if [[ $scenario == scale || $scenario == coalesce ]]; then
   # (watches, and keys: 10,000 per user, which 200,000 watches over 20,000 Secrets pass).
   caps+='max_watches = 0\nmax_watches_per_user = 0\n'
 fi
-printf "${caps}[cache]\ncoalesce_min_names = %d\n%s" "$coalesce_min_names" \
-  "$([[ $scenario == scale || $scenario == coalesce ]] && echo 'max_keys_per_user = 0')" >"$KUBE_DIR/kcache-bench.toml"
+# An experiment's extra [cache] lines (e.g. 'upstream_streaming_lists = false').
+cache_extra=${KCACHE_BENCH_CACHE_TOML:-}
+printf "${caps}[cache]\ncoalesce_min_names = %d\n%s\n%b" "$coalesce_min_names" \
+  "$([[ $scenario == scale || $scenario == coalesce ]] && echo 'max_keys_per_user = 0')" \
+  "$cache_extra" >"$KUBE_DIR/kcache-bench.toml"
 kcache_args=(--config "$KUBE_DIR/kcache-bench.toml")
 echo "kcache: cache.coalesce_min_names = $coalesce_min_names, $(tr '\n' ' ' <"$KUBE_DIR/kcache-bench.toml") ($KUBE_DIR/kcache-bench.toml)"
 
