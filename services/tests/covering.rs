@@ -8,28 +8,19 @@ mod support;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::http::{delete_secret, next_events, put_secret, Http};
+use support::http::{delete_secret, next_events, object_ref, put_secret, Http};
 use support::kcache::Kcache;
 use support::{eventually, TestCluster};
 
 /// What a get or list shows: `ns/name@rv` per object, sorted, or the Status reason.
 fn shown(code: u16, body: &Value) -> (u16, Vec<String>) {
-    let one = |o: &Value| {
-        let m = &o["metadata"];
-        format!(
-            "{}/{}@{}",
-            m["namespace"].as_str().unwrap_or(""),
-            m["name"].as_str().unwrap_or(""),
-            m["resourceVersion"].as_str().unwrap_or("")
-        )
-    };
     let mut out = match body["kind"].as_str() {
         Some("Status") => vec![body["reason"].as_str().unwrap_or("").to_string()],
         Some(k) if k.ends_with("List") => body["items"]
             .as_array()
-            .map(|items| items.iter().map(one).collect())
+            .map(|items| items.iter().map(object_ref).collect())
             .unwrap_or_default(),
-        _ => vec![one(body)],
+        _ => vec![object_ref(body)],
     };
     out.sort();
     (code, out)

@@ -8,7 +8,7 @@
 mod support;
 
 use serde_json::Value;
-use support::http::{delete_configmap, next_events, put_configmap, Http};
+use support::http::{delete_configmap, next_events, object_ref, put_configmap, Http};
 use support::kcache::{sum_samples, Kcache};
 use support::nats::{fleet_toml, Nats};
 use support::{create_namespace, TestCluster};
@@ -19,15 +19,7 @@ fn items(list: &Value) -> Vec<String> {
         .as_array()
         .unwrap_or_else(|| panic!("not a list: {list}"))
         .iter()
-        .map(|o| {
-            let m = &o["metadata"];
-            format!(
-                "{}/{}@{}",
-                m["namespace"].as_str().unwrap_or(""),
-                m["name"].as_str().unwrap_or(""),
-                m["resourceVersion"].as_str().unwrap_or("")
-            )
-        })
+        .map(object_ref)
         .collect()
 }
 

@@ -89,18 +89,26 @@ impl Http {
     }
 }
 
+/// An object as `ns/name@rv`.
+pub fn object_ref(obj: &Value) -> String {
+    let m = &obj["metadata"];
+    format!(
+        "{}/{}@{}",
+        m["namespace"].as_str().unwrap_or(""),
+        m["name"].as_str().unwrap_or(""),
+        m["resourceVersion"].as_str().unwrap_or("")
+    )
+}
+
 /// An object event as `TYPE ns/name@rv`; `None` for a bookmark.
 pub fn event_line(ev: &Value) -> Option<String> {
     if ev["type"] == "BOOKMARK" {
         return None;
     }
-    let m = &ev["object"]["metadata"];
     Some(format!(
-        "{} {}/{}@{}",
+        "{} {}",
         ev["type"].as_str().unwrap_or(""),
-        m["namespace"].as_str().unwrap_or(""),
-        m["name"].as_str().unwrap_or(""),
-        m["resourceVersion"].as_str().unwrap_or("")
+        object_ref(&ev["object"])
     ))
 }
 
