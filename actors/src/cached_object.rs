@@ -356,10 +356,17 @@ impl CachedObject {
             return;
         }
         tracing::info!(key = %self.key, rv, changes = changes.len(), "relist found changes; emitting synthetic events");
-        // A deletion found by a list is dated by guess: the states before it are not
-        // exact any more (`core::history`).
-        if changes.iter().any(|c| c.kind == EventType::Deleted) {
-            self.window.mark_undated(rv);
+        // A list shows each object's last state only: the states in between are lost and
+        // a deletion is dated by guess, so the states before it are not exact any more
+        // (`core::history`).
+        self.window.mark_undated(rv);
+        // Mirrors must not apply these as events: several deletions dated at the list's RV
+        // would be taken for one (a mirror ignores events at or below its progress), and a
+        // mirror's window would not know its history is guessed. A sequence number skipped
+        // makes the first of them a gap to every mirror, which resynchronises from a
+        // snapshot instead (as after a gap relist).
+        if self.listener.is_some() {
+            self.seq += 1;
         }
         metrics::counter!(m::RELIST_EVENTS, &self.labels).increment(changes.len() as u64);
         for c in changes {

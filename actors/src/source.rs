@@ -786,7 +786,18 @@ impl Run {
         loop {
             let event = match tokio::time::timeout(idle, events.next()).await {
                 Err(_) => return Err(cut(format!("silent for {} s", idle.as_secs()))),
-                Ok(None) => return Err(cut(format!("ended after {} objects", items.len()))),
+                // Ended cleanly without its initial-events-end bookmark: a server that
+                // ignores the parameters and sends no bookmark would do it on every try.
+                Ok(None) => {
+                    self.up.limits.refuse_streaming_lists(
+                        &self.key,
+                        &format!(
+                            "the stream ended after {} objects without k8s.io/initial-events-end",
+                            items.len()
+                        ),
+                    );
+                    return Ok(None);
+                }
                 Ok(Some(Err(kube::Error::Api(s)))) if refused(s.code) && items.is_empty() => {
                     self.up.limits.refuse_streaming_lists(&self.key, &s.message);
                     return Ok(None);

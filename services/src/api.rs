@@ -60,7 +60,8 @@ async fn serve_or_proxy(
     };
     // Only cache-served requests are kcache's to authorize: everything proxied carries the
     // client's own credentials and the API server decides.
-    let cached = match plan::plan(&incoming, state.resources.get()) {
+    // Authorized by kcache, then found to be the API server's to answer.
+    let authorized_then_forwarded = match plan::plan(&incoming, state.resources.get()) {
         Plan::Serve(planned) => {
             let warnings = state
                 .read_warnings
@@ -80,16 +81,19 @@ async fn serve_or_proxy(
                 Err(e) => return (ServedBy::Cache, Err(e)),
             }
         }
+        // Planned away before kcache authenticated anything: the API server answers,
+        // authentication and authorization first, as for any request it reads (a kcache
+        // continue token it then refuses, as it refuses any token not its own).
         Plan::Forward(Forward::Bypass(resource, reason)) => {
             bypassed(&resource, reason);
-            true
+            false
         }
         Plan::Forward(Forward::Verb | Forward::Impersonation | Forward::Uncached) => false,
     };
-    // kcache's own continue token names a state only kcache keeps: it is never sent
-    // upstream (the API server would refuse it). The chain cannot go on; client-go's pager
-    // lists again from the start.
-    if cached && plan::carries_kcache_token(incoming.query) {
+    // kcache's own continue token names a state only kcache keeps: a request kcache
+    // authorized and then could not serve never sends it upstream (the API server would
+    // refuse it). The chain cannot go on; client-go's pager lists again from the start.
+    if authorized_then_forwarded && plan::carries_kcache_token(incoming.query) {
         tracing::info!(path = %incoming.path, "a page chain with kcache's token cannot be served from the cache; answering 410 (the token never goes upstream)");
         return (ServedBy::Cache, Err(ApiError::continue_expired()));
     }

@@ -158,6 +158,15 @@ async fn page_chains_hold_the_state_at_their_resource_version() {
     assert_eq!(code, 200, "{list}");
     assert_eq!(items(&list), got);
 
+    // A list pinned to one name is one key's read for the API server: never a token,
+    // though the namespace's key (serving it here) holds more after it.
+    let one = format!("{NS}?fieldSelector=metadata.name%3Dcm01&limit=1");
+    let (code, through) = kc.get_admin(&one).await;
+    let (direct_code, direct) = api.get_admin(&one).await;
+    assert_eq!((code, direct_code), (200, 200), "{through} {direct}");
+    assert_eq!(items(&through).len(), 1);
+    assert_eq!(token(&through), token(&direct), "{through}");
+
     // Cluster-wide, across namespaces, with nothing written in between: kcache's pages
     // are the API server's own, page for page, in its key order.
     const ALL: &str = "/api/v1/configmaps?labelSelector=round%3Dany";

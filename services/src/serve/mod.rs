@@ -100,6 +100,10 @@ pub async fn serve(
             include,
         } => {
             let selectors = !label.is_empty() || !field.is_empty();
+            // A list pinned to one name is one key's read for the API server (never
+            // recursive), so it never continues — unless a token made it recursive.
+            let one_name =
+                field.equality_value("metadata.name").is_some() && list_read.start.is_none();
             let read = read(state, (user, &mut seat), key.clone(), list_read.at).await?;
             let (held, snap) = match read {
                 Ok(read) => read,
@@ -130,7 +134,7 @@ pub async fn serve(
                 list_read.limit,
                 selectors,
             );
-            let more = cut.more.map(|m| {
+            let more = cut.more.filter(|_| !one_name).map(|m| {
                 let last = m.last.strip_prefix(&scope).unwrap_or(&m.last);
                 (Token::after(snap.rv, last).encode(), m.remaining)
             });
