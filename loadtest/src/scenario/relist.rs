@@ -39,7 +39,7 @@ use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::restart::{error_kind, retry_after, MAX_RETRIES, REQUEST_TIMEOUT};
+use super::restart::{error_kind, waited_to_retry, MAX_RETRIES, REQUEST_TIMEOUT};
 use super::{between_targets, seed_configmaps, Ctx, ScenarioRun, Target};
 use crate::client::{http_client, ConnPool};
 use crate::probe::{self, Cpu, PeakRss};
@@ -166,14 +166,10 @@ impl Lister {
                 .send()
                 .await
                 .map_err(|e| PageError::Failed(format!("list {}", error_kind(&e))))?;
-            let status = resp.status().as_u16();
-            if attempt < MAX_RETRIES {
-                if let Some(wait) = retry_after(&resp) {
-                    rec.note(format!("list HTTP {status} (Retry-After, retried)"));
-                    tokio::time::sleep(wait).await;
-                    continue;
-                }
+            if waited_to_retry(&resp, attempt, rec).await {
+                continue;
             }
+            let status = resp.status().as_u16();
             if status == 410 {
                 return Err(PageError::Expired);
             }

@@ -395,6 +395,23 @@ pub(super) fn error_kind(e: &reqwest::Error) -> String {
     format!("{kind} error: {inner}")
 }
 
+/// Whether a list answered `resp` on try `attempt` is tried again, as client-go's REST
+/// client does: a 429 or 5xx with `Retry-After`, up to [`MAX_RETRIES`] times — waited
+/// for here and noted.
+pub(super) async fn waited_to_retry(
+    resp: &reqwest::Response,
+    attempt: usize,
+    rec: &crate::record::Recorder,
+) -> bool {
+    let Some(wait) = retry_after(resp).filter(|_| attempt < MAX_RETRIES) else {
+        return false;
+    };
+    let status = resp.status().as_u16();
+    rec.note(format!("list HTTP {status} (Retry-After, retried)"));
+    tokio::time::sleep(wait).await;
+    true
+}
+
 /// `Retry-After` in seconds, as client-go's `checkWait` reads it (429 and 5xx only).
 pub(super) fn retry_after(resp: &reqwest::Response) -> Option<Duration> {
     let status = resp.status().as_u16();
@@ -499,14 +516,10 @@ impl Reflector {
                     return None;
                 }
             };
-            let status = resp.status().as_u16();
-            if attempt < MAX_RETRIES {
-                if let Some(wait) = retry_after(&resp) {
-                    rec.note(format!("list HTTP {status} (Retry-After, retried)"));
-                    tokio::time::sleep(wait).await;
-                    continue;
-                }
+            if waited_to_retry(&resp, attempt, rec).await {
+                continue;
             }
+            let status = resp.status().as_u16();
             if !resp.status().is_success() {
                 self.stats.http_errors.fetch_add(1, Ordering::Relaxed);
                 rec.failure(format!("list HTTP {status}"));
