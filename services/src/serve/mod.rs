@@ -117,8 +117,7 @@ pub async fn serve(
             };
             let filter = Filter::new(label, cover::field_for(&key, &held, field));
             // The list's scope in key order (a covering key's snapshot holds more), from
-            // the page's start on.
-            // A namespace's keys (`namespace/name`) are contiguous in key order.
+            // the page's start on: a namespace's keys (`namespace/name`) are contiguous.
             let scope = namespace
                 .as_ref()
                 .map(|ns| format!("{ns}/"))
@@ -322,27 +321,29 @@ async fn read(
         At::Consistent => (0, None),
         At::Exact(rv) => (rv, Some(rv)),
     };
-    let snap = match snapshot(&held.addr, (min_rv, exact), seat).await? {
-        Ok(snap) => snap,
-        Err(reason) => return Ok(Err(reason)),
-    };
     // A consistent read asks for the upstream's state when it arrived. And a deleted
     // credential must not stay readable: a parked key (its objects all immutable, no
     // upstream watch) hears of a deletion or re-creation only when next verified; a
     // watching key hears of it a moment after a watch of the API server's own does (its
     // events travel one more hop). A consistent read, a Secret's key and a parked key are
     // proven as new as the upstream before they answer (one batched probe per key however
-    // many read at once), and read again. A state of the past is what the API server's
+    // many read at once), then read. A state of the past is what the API server's
     // snapshot at that resourceVersion holds, deletions after it included: nothing to
-    // prove.
-    let prove = match at {
+    // prove. Only whether a key parks needs its snapshot to tell.
+    let proven = match at {
         At::Exact(_) => false,
         At::Consistent => true,
-        At::NotOlderThan(_) => parks(state, &held.key, &snap) || holds_credentials(&held.key),
+        At::NotOlderThan(_) => holds_credentials(&held.key),
     };
-    if !prove {
-        seat.back().await?;
-        return Ok(Ok((held.key, snap)));
+    if !proven {
+        let snap = match snapshot(&held.addr, (min_rv, exact), seat).await? {
+            Ok(snap) => snap,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        if exact.is_some() || !parks(state, &held.key, &snap) {
+            seat.back().await?;
+            return Ok(Ok((held.key, snap)));
+        }
     }
     if let Err(e) = seat.away(state.fresh.prove(&held.key, &held.addr)).await {
         tracing::info!(error = %e, "read not proven fresh; forwarding upstream");
