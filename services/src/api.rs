@@ -59,9 +59,9 @@ async fn serve_or_proxy(
             .any(|h| h.as_str().starts_with("impersonate-")),
     };
     // Only cache-served requests are kcache's to authorize: everything proxied carries the
-    // client's own credentials and the API server decides.
-    // Authorized by kcache, then found to be the API server's to answer.
-    let authorized_then_forwarded = match plan::plan(&incoming, state.resources.get()) {
+    // client's own credentials and the API server decides (a kcache continue token goes
+    // in the API server's version: `proxy::upstream_target`).
+    match plan::plan(&incoming, state.resources.get()) {
         Plan::Serve(planned) => {
             let warnings = state
                 .read_warnings
@@ -69,7 +69,7 @@ async fn serve_or_proxy(
                 .and_then(|w| w.get(&planned.id))
                 .cloned();
             match serve_or_forward(req, state, *planned, received).await {
-                Ok(None) => true,
+                Ok(None) => {}
                 Ok(Some(r)) => return (ServedBy::Cache, Ok(with_warnings(r, warnings.as_ref()))),
                 // As the API server: authorized requests carry the resource's read warnings
                 // whatever their outcome; refused ones (and those that found no seat) do
@@ -82,20 +82,9 @@ async fn serve_or_proxy(
             }
         }
         // Planned away before kcache authenticated anything: the API server answers,
-        // authentication and authorization first, as for any request it reads (a kcache
-        // continue token it then refuses, as it refuses any token not its own).
-        Plan::Forward(Forward::Bypass(resource, reason)) => {
-            bypassed(&resource, reason);
-            false
-        }
-        Plan::Forward(Forward::Verb | Forward::Impersonation | Forward::Uncached) => false,
-    };
-    // kcache's own continue token names a state only kcache keeps: a request kcache
-    // authorized and then could not serve never sends it upstream (the API server would
-    // refuse it). The chain cannot go on; client-go's pager lists again from the start.
-    if authorized_then_forwarded && plan::carries_kcache_token(incoming.query) {
-        tracing::info!(path = %incoming.path, "a page chain with kcache's token cannot be served from the cache; answering 410 (the token never goes upstream)");
-        return (ServedBy::Cache, Err(ApiError::continue_expired()));
+        // authentication and authorization first, as for any request it reads.
+        Plan::Forward(Forward::Bypass(resource, reason)) => bypassed(&resource, reason),
+        Plan::Forward(Forward::Verb | Forward::Impersonation | Forward::Uncached) => {}
     }
     let result = match (
         access::cert_auth(req),

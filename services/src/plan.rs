@@ -466,14 +466,6 @@ fn resource_attributes(rp: &ResourcePath, q: &Query) -> Attributes {
     }
 }
 
-/// Whether `query` continues a page chain with kcache's own token.
-pub fn carries_kcache_token(query: &str) -> bool {
-    parse_query(query)
-        .continue_token
-        .as_deref()
-        .is_some_and(|t| matches!(Continue::read(t), Ok(Continue::Kcache(_)) | Err(_)))
-}
-
 /// The API server's `IsValidPathSegmentName`.
 fn is_valid_path_segment(s: &str) -> bool {
     s != "." && s != ".." && !s.contains('/') && !s.contains('%')

@@ -12,6 +12,11 @@
 //!   `--max-requests-inflight` / `--max-mutating-requests-inflight`; past a cap the answer is
 //!   429 with `Retry-After`, never a queue. Long-running requests (watches, logs, proxy)
 //!   have a cap of their own; see [`Kind`].
+//!
+//! "Unchanged" has one exception: a `continue` value that is kcache's own page token goes
+//! in the API server's version (`core::page::upstream_form`), so a chain kcache began and
+//! cannot continue (past its window, a request it forwards) continues upstream instead of
+//! failing on a version only kcache knows.
 
 use std::sync::{Arc, OnceLock};
 
@@ -162,6 +167,41 @@ pub fn watch_requested(query: &str) -> bool {
     url::form_urlencoded::parse(query.as_bytes())
         .find(|(k, _)| k == "watch")
         .is_some_and(|(_, v)| v != "0" && !v.eq_ignore_ascii_case("false"))
+}
+
+/// The request target as it goes upstream: `path_and_query` byte for byte, but for each
+/// `continue` pair holding kcache's token, which carries the API server's version instead
+/// (`core::page::upstream_form`). Pairs are what Go's `url.ParseQuery` takes them to be:
+/// split at `&`, none with a `;` (Go drops those), the key unescaped.
+pub fn upstream_target(path_and_query: &str) -> std::borrow::Cow<'_, str> {
+    use kcache_actors::core::page::upstream_form;
+    let Some((path, query)) = path_and_query.split_once('?') else {
+        return path_and_query.into();
+    };
+    let mut changed = false;
+    let pairs: Vec<std::borrow::Cow<'_, str>> = query
+        .split('&')
+        .map(|pair| {
+            if pair.contains(';') {
+                return pair.into();
+            }
+            let translated = url::form_urlencoded::parse(pair.as_bytes())
+                .next()
+                .filter(|(k, _)| k == "continue")
+                .and_then(|(_, v)| upstream_form(&v));
+            match translated {
+                Some(token) => {
+                    changed = true;
+                    format!("continue={token}").into()
+                }
+                None => pair.into(),
+            }
+        })
+        .collect();
+    if !changed {
+        return path_and_query.into();
+    }
+    format!("{path}?{}", pairs.join("&")).into()
 }
 
 /// One proxied request's slot; the gauge and the semaphore get it back on drop.
@@ -479,7 +519,7 @@ impl Proxy {
         let uri = req
             .uri()
             .path_and_query()
-            .map(|pq| pq.as_str().to_string())
+            .map(|pq| upstream_target(pq.as_str()).into_owned())
             .unwrap_or_else(|| req.path().to_string());
         let mut builder = http::Request::builder()
             .method(req.method().as_str())
@@ -852,6 +892,48 @@ mod tests {
         assert!(nodes
             .refuses(&user("system:node:n1", &["system:nodes", "system:masters"]))
             .is_some());
+    }
+
+    #[test]
+    fn only_kcache_tokens_change_on_the_way_upstream() {
+        use base64::Engine;
+        let b64 = |json: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json);
+        let ours = b64(r#"{"v":"kcache.io/v1","rv":9,"start":"a\u0000"}"#);
+        let theirs = b64(r#"{"v":"meta.k8s.io/v1","rv":9,"start":"a\u0000"}"#);
+        let cases = [
+            ("/api/v1/pods".to_string(), "/api/v1/pods".to_string()),
+            (
+                format!("/api/v1/pods?limit=1&continue={ours}"),
+                format!("/api/v1/pods?limit=1&continue={theirs}"),
+            ),
+            // Every other byte as it came: duplicates, escapes, order, empty pairs.
+            (
+                format!(
+                    "/api/v1/pods?resourceVersion=0&continue={ours}&resourceVersion=2&&x=%41+b"
+                ),
+                format!(
+                    "/api/v1/pods?resourceVersion=0&continue={theirs}&resourceVersion=2&&x=%41+b"
+                ),
+            ),
+            // An escaped key is the same key to Go.
+            (
+                format!("/api/v1/pods?%63ontinue={ours}"),
+                format!("/api/v1/pods?continue={theirs}"),
+            ),
+            // Go drops a pair with `;`; so does the rewrite, leaving it as it came.
+            (
+                format!("/api/v1/pods?a=1;continue={ours}"),
+                format!("/api/v1/pods?a=1;continue={ours}"),
+            ),
+            // The API server's tokens and other keys are untouched.
+            (
+                format!("/api/v1/pods?continue={theirs}&x={ours}"),
+                format!("/api/v1/pods?continue={theirs}&x={ours}"),
+            ),
+        ];
+        for (incoming, want) in cases {
+            assert_eq!(upstream_target(&incoming), want, "{incoming}");
+        }
     }
 
     #[test]

@@ -94,17 +94,6 @@ impl ApiError {
         Self::new(503, "ServiceUnavailable", message)
     }
 
-    /// A continue token whose resourceVersion is older than what the server keeps: 410
-    /// Expired with the API server's words for a token it cannot continue
-    /// (`continueExpired`); client-go's pager then lists again from the start.
-    pub fn continue_expired() -> Self {
-        Self::new(
-            410,
-            "Expired",
-            "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
-        )
-    }
-
     /// 1.20's "Too large resource version" (504, retry after 1 s).
     pub fn too_large_resource_version(requested: u64, current: u64) -> Self {
         let mut e = Self::new(

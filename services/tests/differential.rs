@@ -806,16 +806,9 @@ enum Allowed {
     /// resourceVersion and streaming-list parameters are no longer allowed differences:
     /// kcache answers them as the reference version does.)
     FresherThanTheWatchCache,
-    /// A page chain continued at a resourceVersion older than the key's history: the
-    /// API server reads it from its snapshots or etcd, kcache — whose token cannot go
-    /// upstream — answers 410 Expired, from which client-go's pager lists again.
-    ContinuePastHistory,
 }
 
-fn allowed(request: &Request, api: &Answer, kcache: &Answer) -> Option<Allowed> {
-    if request.kcache_target.is_some() && api.class() == 2 && kcache.code == 410 {
-        return Some(Allowed::ContinuePastHistory);
-    }
+fn allowed(api: &Answer, kcache: &Answer) -> Option<Allowed> {
     if api.code == 504
         && api.note.contains("Too large resource version")
         && (kcache.class() == 2 || kcache.code == 404)
@@ -825,9 +818,9 @@ fn allowed(request: &Request, api: &Answer, kcache: &Answer) -> Option<Allowed> 
     None
 }
 
-fn compare(request: &Request, api: &Answer, kcache: &Answer) -> Difference {
+fn compare(api: &Answer, kcache: &Answer) -> Difference {
     let both_ok = api.class() == 2 && kcache.class() == 2;
-    let allowed = allowed(request, api, kcache);
+    let allowed = allowed(api, kcache);
     Difference {
         status: api.class() != kcache.class() && allowed.is_none(),
         allowed,
@@ -1150,7 +1143,7 @@ async fn kcache_answers_generated_requests_as_the_api_server_does() {
                     exchange(api, &request, identity.token),
                     exchange(kc, &to_kcache, identity.token)
                 );
-                let difference = compare(&request, &a, &k);
+                let difference = compare(&a, &k);
                 Some(Case {
                     index,
                     identity: identity.name,

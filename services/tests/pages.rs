@@ -3,7 +3,7 @@
 //! holds at the chain's resourceVersion, however the store changes between pages; an exact
 //! list through kcache is the API server's exact list; kcache's tokens are its own (the
 //! API server's are forwarded, never read), work on another replica of a fleet, and past
-//! the key's history end in the API server's 410, which client-go's pager restarts from.
+//! the key's history continue upstream, in the API server's version.
 
 mod support;
 
@@ -198,7 +198,7 @@ async fn page_chains_hold_the_state_at_their_resource_version() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tokens_are_kcaches_own_and_expire_with_its_history() {
+async fn tokens_are_kcaches_own_and_continue_upstream_past_its_history() {
     let cluster = TestCluster::start().await;
     // A short history: 4 events per key.
     let k = Kcache::start(&cluster, "[cache]\nwindow_capacity = 4\n").await;
@@ -251,29 +251,41 @@ async fn tokens_are_kcaches_own_and_expire_with_its_history() {
     }
 
     // Past the key's history: writes push the chain's resourceVersion out of the
-    // window. The token cannot be continued (nor sent upstream): 410 Expired, as the
-    // API server answers a token it cannot continue.
+    // window. The chain goes on upstream, the token in the API server's version: the
+    // page is the one the API server gives for its own token at that resourceVersion.
     let chain_rv = list_rv(&page);
+    let as_upstream = {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let json = String::from_utf8(b64.decode(&ours).expect("base64url")).expect("utf-8");
+        assert!(json.contains(r#""v":"kcache.io/v1""#), "{json}");
+        b64.encode(json.replace(r#""v":"kcache.io/v1""#, r#""v":"meta.k8s.io/v1""#))
+    };
     for i in 0..6 {
         put_configmap(&admin, "tokens", &format!("cm{i}"), "moved").await;
     }
-    let expired = std::sync::Mutex::new(Value::Null);
+    let before = k.metrics_text().await;
+    let continued = std::sync::Mutex::new(Value::Null);
     support::eventually(
-        "the window moves past the chain",
+        "the window moves past the chain and the page goes upstream",
         std::time::Duration::from_secs(20),
         || async {
-            let (code, status) = kc.get_admin(&format!("{NS}?limit=2&continue={ours}")).await;
-            *expired.lock().unwrap() = status;
-            code == 410
+            let (code, list) = kc.get_admin(&format!("{NS}?limit=2&continue={ours}")).await;
+            assert_eq!(code, 200, "{list}");
+            *continued.lock().unwrap() = list;
+            bypassed(&k.metrics_text().await, "history") > bypassed(&before, "history")
         },
     )
     .await;
-    let status = expired.into_inner().unwrap();
-    assert_eq!(status["reason"], "Expired");
-    assert_eq!(
-        status["message"],
-        "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter."
-    );
+    let continued = continued.into_inner().unwrap();
+    let (code, direct) = api
+        .get_admin(&format!("{NS}?limit=2&continue={as_upstream}"))
+        .await;
+    assert_eq!(code, 200, "{direct}");
+    assert_eq!(items(&continued), items(&direct));
+    assert_eq!(list_rv(&continued), chain_rv);
+    assert_eq!(list_rv(&direct), chain_rv);
+    assert_eq!(token(&continued), token(&direct));
     // An exact list that old is the API server's to answer (its snapshots reach further).
     let before = k.metrics_text().await;
     let (code, list) = kc
@@ -310,7 +322,7 @@ async fn a_token_from_one_replica_continues_on_another() {
     const NS: &str = "/api/v1/namespaces/fleet-pages/configmaps";
     // Both replicas serve the key (clients of each watch it), synced — their windows
     // begin before the chain does. (A replica whose key starts after a chain's
-    // resourceVersion cannot continue it: 410, and the pager lists again.)
+    // resourceVersion sends it on to the API server.)
     let mut wa = ka
         .watch_ok(&format!("{NS}?watch=1&resourceVersion=0"))
         .await;

@@ -14,7 +14,9 @@
 //! request carrying anything else — the API server's tokens above all — is the API
 //! server's to answer, and a token kcache made is never read as the API server's. It holds
 //! no replica's state: any replica whose window reaches its resourceVersion continues the
-//! chain.
+//! chain, and a request kcache forwards carries it in the API server's version
+//! (`upstream_form`): the same resourceVersion and start, which the API server reads
+//! exactly as kcache did — nothing a client could not have sent it itself.
 
 use std::sync::Arc;
 
@@ -26,6 +28,9 @@ use crate::core::object::Object;
 
 /// The version field of kcache's tokens.
 pub const TOKEN_VERSION: &str = "kcache.io/v1";
+
+/// The version field of the API server's tokens (`storage.EncodeContinue`).
+pub const UPSTREAM_VERSION: &str = "meta.k8s.io/v1";
 
 /// A kcache token the API server's decoder would refuse as well, with its words (the
 /// version it names is the API server's own constant).
@@ -74,15 +79,9 @@ struct Wire {
 impl Continue {
     /// Reads a `continue` value: a well-formed kcache token, or the API server's.
     pub fn read(value: &str) -> Result<Continue> {
-        let Ok(bytes) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(value) else {
+        let Some(wire) = Wire::ours(value) else {
             return Ok(Continue::Upstream);
         };
-        let Ok(wire) = serde_json::from_slice::<Wire>(&bytes) else {
-            return Ok(Continue::Upstream);
-        };
-        if wire.v != TOKEN_VERSION {
-            return Ok(Continue::Upstream);
-        }
         // As `storage.DecodeContinue`: 0 is invalid, a negative one asks for the latest.
         let rv = match wire.rv {
             0 => return Err(Error::StartRv),
@@ -106,6 +105,32 @@ impl Continue {
     }
 }
 
+impl Wire {
+    /// `value` when it is a kcache token, well-formed or not.
+    fn ours(value: &str) -> Option<Wire> {
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(value)
+            .ok()?;
+        let wire = serde_json::from_slice::<Wire>(&bytes).ok()?;
+        (wire.v == TOKEN_VERSION).then_some(wire)
+    }
+
+    fn encode(&self) -> String {
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json)
+    }
+}
+
+/// A `continue` value as it goes to the API server: kcache's token (well-formed or not)
+/// in the API server's version with the same resourceVersion and start — so a forwarded
+/// page continues the chain there as kcache read it, or fails with the API server's own
+/// words — and `None` for anything else, which goes as it came.
+pub fn upstream_form(value: &str) -> Option<String> {
+    let mut wire = Wire::ours(value)?;
+    wire.v = UPSTREAM_VERSION.to_string();
+    Some(wire.encode())
+}
+
 impl Token {
     /// The token continuing after `last` (relative to the list's scope) at `rv`.
     pub fn after(rv: u64, last: &str) -> Token {
@@ -116,15 +141,14 @@ impl Token {
     }
 
     pub fn encode(&self) -> String {
-        let wire = Wire {
+        Wire {
             v: TOKEN_VERSION.to_string(),
             rv: self
                 .rv
                 .map_or(-1, |rv| i64::try_from(rv).unwrap_or(i64::MAX)),
             start: self.start.clone(),
-        };
-        let json = serde_json::to_vec(&wire).unwrap_or_default();
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json)
+        }
+        .encode()
     }
 }
 
@@ -292,6 +316,44 @@ mod tests {
         assert_eq!(
             Error::StartRv.to_string(),
             "continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)"
+        );
+    }
+
+    #[test]
+    fn kcache_tokens_go_upstream_in_the_api_servers_version_and_nothing_else_changes() {
+        let cases = [
+            (
+                token(r#"{"v":"kcache.io/v1","rv":12,"start":"ns/a\u0000"}"#),
+                Some(token(
+                    r#"{"v":"meta.k8s.io/v1","rv":12,"start":"ns/a\u0000"}"#,
+                )),
+            ),
+            // Malformed ones too, so the API server refuses them in its own words.
+            (
+                token(r#"{"v":"kcache.io/v1","rv":0,"start":"../b"}"#),
+                Some(token(r#"{"v":"meta.k8s.io/v1","rv":0,"start":"../b"}"#)),
+            ),
+            (
+                token(r#"{"v":"kcache.io/v1","rv":-1,"start":"a"}"#),
+                Some(token(r#"{"v":"meta.k8s.io/v1","rv":-1,"start":"a"}"#)),
+            ),
+            // Not kcache's (kcache reads them as the API server's): unchanged.
+            (token(r#"{"v":"meta.k8s.io/v1","rv":12,"start":"a"}"#), None),
+            (
+                token(r#"{"v":"kcache.io/v1","rv":12,"start":"a","x":1}"#),
+                None,
+            ),
+            ("x!".to_string(), None),
+        ];
+        for (value, want) in cases {
+            assert_eq!(upstream_form(&value), want, "{value}");
+        }
+        let t = Token::after(77, "ns/name");
+        assert_eq!(
+            upstream_form(&t.encode()),
+            Some(token(
+                r#"{"v":"meta.k8s.io/v1","rv":77,"start":"ns/name\u0000"}"#
+            ))
         );
     }
 

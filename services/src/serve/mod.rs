@@ -105,14 +105,10 @@ pub async fn serve(
             let one_name =
                 field.equality_value("metadata.name").is_some() && list_read.start.is_none();
             let read = read(state, (user, &mut seat), key.clone(), list_read.at).await?;
+            // A continued chain whose state left the window goes on upstream, from etcd's
+            // history (its token in the API server's version: `proxy::upstream_target`).
             let (held, snap) = match read {
                 Ok(read) => read,
-                // A continued chain's state left the history: the API server cannot
-                // continue kcache's token, so the pager starts again, as after a
-                // compaction upstream.
-                Err(Reason::History) if list_read.start.is_some() => {
-                    return Err(ApiError::continue_expired())
-                }
                 Err(reason) => return Ok(Served::Forward(reason)),
             };
             let filter = Filter::new(label, cover::field_for(&key, &held, field));
