@@ -35,6 +35,11 @@ pub struct CacheConfig {
     pub immutable_verify_secs: u64,
     /// How long a read for a resourceVersion newer than the key's progress waits (1.20: 3 s).
     pub block_timeout_ms: u64,
+    /// Most objects a consistent read's freshness probe lists (their metadata only); a
+    /// key with more is proven by a short upstream watch of its events instead — nothing
+    /// read per object, about a second added to the read (`core::fresh`). 0: always list
+    /// the whole key.
+    pub freshness_probe_limit: u64,
     /// How long a read waits for a key's first sync before failing.
     pub sync_timeout_secs: u64,
     /// Concurrent upstream lists across all keys.
@@ -85,6 +90,7 @@ impl Default for CacheConfig {
             immutable_stop_watch: true,
             immutable_verify_secs: 60,
             block_timeout_ms: 3_000,
+            freshness_probe_limit: 500,
             sync_timeout_secs: 30,
             upstream_max_concurrent_lists: 16,
             upstream_qps: 1000,

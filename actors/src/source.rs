@@ -68,6 +68,10 @@ pub enum Error {
     StreamingListCut { key: String, what: String },
     #[error("replay of {key} holds more than the {max} events its window has room for")]
     ReplayTooLong { key: String, max: usize },
+    /// A tail watch (`UpstreamSource::tail`) that ended before it said whether the key
+    /// changed up to the resourceVersion it was asked about.
+    #[error("upstream watch of {key} ended before it reached resourceVersion {until}")]
+    TailCut { key: String, until: u64 },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -178,6 +182,14 @@ impl UpstreamSource {
             key: key.clone(),
             schema: Schema::of(&key.resource.group, &key.resource.resource),
         }
+    }
+
+    /// Opens a watch of `key` from its progress `from` for a freshness proof
+    /// (`core::fresh::Tail`): once open, the upstream has registered it, and
+    /// [`TailWatch::until`] reads it. `services::fresh` says why it is opened before the
+    /// consistent read whose resourceVersion it is read to.
+    pub async fn open_tail(&self, key: &Key, from: u64) -> Result<TailWatch> {
+        self.reader(key).open_tail(from).await
     }
 
     /// Replays `key` from `from` up to `to` in a task of its own and sends the answer
@@ -613,6 +625,74 @@ impl Reader {
                 return Ok(replay);
             }
         }
+    }
+}
+
+/// An open tail watch ([`UpstreamSource::open_tail`]).
+pub struct TailWatch {
+    key: String,
+    from: u64,
+    _conn: crate::upstream_pool::Checkout,
+    events: Events,
+    _gauge: WatchGauge,
+}
+
+impl TailWatch {
+    /// Reads the watch until the upstream has sent every event of the key up to `until`:
+    /// the RV whose state is the key's state at `until`.
+    pub async fn until(mut self, until: u64) -> Result<u64> {
+        use crate::core::fresh::{Tail, TailEvent};
+        let key = self.key;
+        let mut tail = Tail::new(self.from, until);
+        let give_up = Duration::from_secs(REPLAY_WATCH_SECS + 2);
+        loop {
+            let event = match tokio::time::timeout(give_up, self.events.next()).await {
+                Err(_) => {
+                    return Err(Error::WatchSilent {
+                        key,
+                        secs: give_up.as_secs(),
+                    })
+                }
+                Ok(None) => return Err(Error::TailCut { key, until }),
+                Ok(Some(Err(source))) => return Err(Error::WatchFailed { key, source }),
+                Ok(Some(Ok(ev))) => ev,
+            };
+            let step = match event {
+                WireEvent::Object { object, .. } => TailEvent::Change(object.rv()),
+                WireEvent::Bookmark { rv, .. } => TailEvent::Bookmark(rv),
+                WireEvent::Error(status) => {
+                    return Err(Error::WatchFailed {
+                        key,
+                        source: kube::Error::Api(Box::new(status_of(&status, 500))),
+                    })
+                }
+            };
+            if let Some(at) = tail.step(step) {
+                return Ok(at);
+            }
+        }
+    }
+}
+
+impl Reader {
+    /// See [`UpstreamSource::open_tail`]. The watch is as a replay's: three seconds, so
+    /// the upstream's cache sends its bookmark after about one.
+    async fn open_tail(&self, from: u64) -> Result<TailWatch> {
+        let key = self.key.to_string();
+        let (conn, events) = self
+            .open_watch(Start::After(from), REPLAY_WATCH_SECS, true)
+            .await
+            .map_err(|source| Error::WatchStartFailed {
+                key: key.clone(),
+                source,
+            })?;
+        Ok(TailWatch {
+            key,
+            from,
+            _conn: conn,
+            events,
+            _gauge: WatchGauge::open(),
+        })
     }
 }
 

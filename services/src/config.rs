@@ -274,6 +274,10 @@ mod tests {
         );
         assert_eq!(cfg.cache.watcher_buffer, def.cache.watcher_buffer);
         assert_eq!(
+            cfg.cache.freshness_probe_limit,
+            def.cache.freshness_probe_limit
+        );
+        assert_eq!(
             cfg.cache.upstream_watch_timeout_secs,
             def.cache.upstream_watch_timeout_secs
         );

@@ -9,21 +9,26 @@
 //!
 //! Probes are batched per key, as the API server batches progress requests: a request
 //! joins the next probe of its key that starts after it arrived, so however many clients
-//! sync one key at once, the upstream sees one probe at a time per key.
+//! sync one key at once, the upstream sees one probe at a time per key. A probe lists at
+//! most `cache.freshness_probe_limit` objects' metadata; a larger key is proven by a short
+//! watch of its events instead (`core::fresh::Tail`), which costs the API server nothing
+//! per object and the read about a second.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use actix::Addr;
 use kcache_actors::cached_object::{CachedObject, Read};
-use kcache_actors::core::fresh::{judge, Probe, Verdict, Version};
+use kcache_actors::core::fresh::{judge, Probe, Seen, Verdict, Version};
 use kcache_actors::core::key::Key;
+use kcache_actors::source::UpstreamSource;
 use kcache_actors::upstream_pool::UpstreamClients;
 use thiserror::Error;
 use tokio::sync::oneshot;
 
 const PROBES: &str = "kcache_freshness_probes_total";
 const CONSISTENT_READS: &str = "kcache_consistent_reads_total";
+const TAILS: &str = "kcache_freshness_tail_watches_total";
 
 #[derive(Debug, Error, Clone)]
 pub enum Error {
@@ -57,11 +62,17 @@ type Waiting = Vec<oneshot::Sender<Result<Arc<Probe>>>>;
 struct Round {
     running: bool,
     waiting: Waiting,
+    /// The key's CachedObject as the latest request to join saw it: a tail starts from
+    /// its progress.
+    addr: Option<Addr<CachedObject>>,
 }
 
 /// Shared by every HTTP worker.
 pub struct Freshness {
     clients: Arc<UpstreamClients>,
+    upstream: Arc<UpstreamSource>,
+    /// Most objects a probe lists (`cache.freshness_probe_limit`; 0: all).
+    limit: u64,
     rounds: Mutex<HashMap<Key, Round>>,
 }
 
@@ -76,8 +87,15 @@ pub fn describe() {
         CONSISTENT_READS,
         "Consistent reads (lists and streaming lists with the resourceVersion omitted, and reads answered by a parked key or of Secrets), by outcome: fresh (served at once), waited (served once the key caught up), forwarded (sent to the API server: probe failed or the key did not catch up in time)."
     );
+    metrics::describe_counter!(
+        TAILS,
+        "Freshness proofs of keys larger than cache.freshness_probe_limit by a short upstream watch of the key's events, by result: ok, or fallback (the watch did not say; the whole key's metadata was listed instead)."
+    );
     for result in ["ok", "error"] {
         metrics::counter!(PROBES, "result" => result).increment(0);
+    }
+    for result in ["ok", "fallback"] {
+        metrics::counter!(TAILS, "result" => result).increment(0);
     }
     for outcome in ["fresh", "waited", "forwarded"] {
         metrics::counter!(CONSISTENT_READS, "outcome" => outcome).increment(0);
@@ -85,9 +103,15 @@ pub fn describe() {
 }
 
 impl Freshness {
-    pub fn new(clients: Arc<UpstreamClients>) -> Arc<Self> {
+    pub fn new(
+        clients: Arc<UpstreamClients>,
+        upstream: Arc<UpstreamSource>,
+        limit: u64,
+    ) -> Arc<Self> {
         Arc::new(Freshness {
             clients,
+            upstream,
+            limit,
             rounds: Mutex::new(HashMap::new()),
         })
     }
@@ -106,7 +130,7 @@ impl Freshness {
     }
 
     async fn prove_inner(self: &Arc<Self>, key: &Key, addr: &Addr<CachedObject>) -> Result<Proof> {
-        let probe = self.probe(key).await?;
+        let probe = self.probe(key, addr).await?;
         let behind = |reason: String| Error::Behind {
             key: key.to_string(),
             rv: probe.rv,
@@ -120,16 +144,17 @@ impl Freshness {
             .await
             .map_err(|e| behind(e.to_string()))?
             .map_err(|e| behind(e.to_string()))?;
-        let versions = snap
-            .objects
-            .iter()
-            .map(|o| Version {
-                namespace: o.namespace().to_string(),
-                name: o.name().to_string(),
-                uid: o.uid().to_string(),
-                rv: o.rv(),
-            })
-            .collect();
+        let versions = || {
+            snap.objects
+                .iter()
+                .map(|o| Version {
+                    namespace: o.namespace().to_string(),
+                    name: o.name().to_string(),
+                    uid: o.uid().to_string(),
+                    rv: o.rv(),
+                })
+                .collect()
+        };
         match judge(snap.rv, versions, &probe) {
             Verdict::Fresh => Ok(Proof::Fresh),
             // Not there in time (TooLargeResourceVersion), stopping, or gone: the API
@@ -149,12 +174,13 @@ impl Freshness {
     }
 
     /// The key's upstream state from a probe that started after this call.
-    async fn probe(self: &Arc<Self>, key: &Key) -> Result<Arc<Probe>> {
+    async fn probe(self: &Arc<Self>, key: &Key, addr: &Addr<CachedObject>) -> Result<Arc<Probe>> {
         let (tx, rx) = oneshot::channel();
         let start = {
             let mut rounds = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
             let round = rounds.entry(key.clone()).or_default();
             round.waiting.push(tx);
+            round.addr = Some(addr.clone());
             !std::mem::replace(&mut round.running, true)
         };
         if start {
@@ -174,7 +200,7 @@ impl Freshness {
     /// were waiting when it was sent.
     async fn run_rounds(self: Arc<Self>, key: Key) {
         loop {
-            let waiting = {
+            let (waiting, addr) = {
                 let mut rounds = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
                 let Some(round) = rounds.get_mut(&key) else {
                     return;
@@ -183,9 +209,9 @@ impl Freshness {
                     rounds.remove(&key);
                     return;
                 }
-                std::mem::take(&mut round.waiting)
+                (std::mem::take(&mut round.waiting), round.addr.clone())
             };
-            let result = self.send_probe(&key).await.map(Arc::new);
+            let result = self.send_probe(&key, addr.as_ref()).await.map(Arc::new);
             metrics::counter!(PROBES, "result" => if result.is_ok() { "ok" } else { "error" })
                 .increment(1);
             for tx in waiting {
@@ -194,10 +220,88 @@ impl Freshness {
         }
     }
 
+    /// One page of the key's metadata, or — for a key larger than the page — a tail
+    /// watch (`core::fresh` says why that proves as much). A tail that cannot say (the
+    /// upstream's cache no longer reaches the key's progress, no bookmark in time) leaves
+    /// it to a list of the whole key's metadata.
+    async fn send_probe(&self, key: &Key, addr: Option<&Addr<CachedObject>>) -> Result<Probe> {
+        // A key of one object is listed whole: with a selector, the upstream would page
+        // even that one on (its candidates are the namespace's).
+        let limit = if key.holds_at_most_one() {
+            0
+        } else {
+            self.limit
+        };
+        let known_large = match addr {
+            Some(addr) if limit > 0 => progress(addr)
+                .await
+                .is_ok_and(|(_, len)| len as u64 > limit),
+            _ => false,
+        };
+        if !known_large {
+            let probe = self.list_probe(key, limit).await?;
+            if probe.seen != Seen::Partial {
+                return Ok(probe);
+            }
+        }
+        match self.tail(key, addr).await {
+            Ok(probe) => {
+                metrics::counter!(TAILS, "result" => "ok").increment(1);
+                Ok(probe)
+            }
+            Err(reason) => {
+                metrics::counter!(TAILS, "result" => "fallback").increment(1);
+                tracing::info!(%key, %reason, "freshness tail watch did not say; listing the whole key's metadata");
+                self.list_probe(key, 0).await
+            }
+        }
+    }
+
+    /// The tail proof. The watch is registered upstream before the consistent read that
+    /// gives the probe's RV `R`: the upstream's cache bookmarks a watch only at an RV past
+    /// the watch's own start (its last event of the resource when registered), and the
+    /// read moves the cache to `R` — past that start unless the resource's last event is
+    /// the newest write in etcd (then no bookmark comes, and the caller lists instead).
+    /// Registered after the read, a watch would start at `R` itself whenever the
+    /// resource's events made the cache's latest RV.
+    async fn tail(
+        &self,
+        key: &Key,
+        addr: Option<&Addr<CachedObject>>,
+    ) -> std::result::Result<Probe, String> {
+        let addr = addr.ok_or("no cached key to start from")?;
+        let (from, _) = progress(addr).await?;
+        // 0 would ask the upstream for a watch from "any" state, not from the key's.
+        if from == 0 {
+            return Err("the key has no progress yet".into());
+        }
+        let watch = self
+            .upstream
+            .open_tail(key, from)
+            .await
+            .map_err(|e| e.to_string())?;
+        let probe = self.list_probe(key, 1).await.map_err(|e| e.to_string())?;
+        if matches!(probe.seen, Seen::Whole(_)) {
+            // It shrank to one object or none: that is the whole key.
+            return Ok(probe);
+        }
+        let rv = probe.rv;
+        let at = if from >= rv {
+            from
+        } else {
+            watch.until(rv).await.map_err(|e| e.to_string())?
+        };
+        Ok(Probe {
+            rv,
+            seen: Seen::SameAs(at),
+        })
+    }
+
     /// A metadata-only consistent list (resourceVersion omitted) with the key's own
-    /// selector: the reference API server answers it from its watch cache once that is
-    /// as new as etcd (consistent reads from cache, 1.31+).
-    async fn send_probe(&self, key: &Key) -> Result<Probe> {
+    /// selector, of at most `limit` objects (0: all): the reference API server answers it
+    /// from its watch cache once that is as new as etcd (consistent reads from cache,
+    /// 1.31+).
+    async fn list_probe(&self, key: &Key, limit: u64) -> Result<Probe> {
         let failed = |reason: String| Error::ProbeFailed {
             key: key.to_string(),
             reason,
@@ -207,6 +311,9 @@ impl Freshness {
             let mut q = url::form_urlencoded::Serializer::new(String::new());
             if let Some(fs) = key.upstream_field_selector() {
                 q.append_pair("fieldSelector", &fs);
+            }
+            if limit > 0 {
+                q.append_pair("limit", &limit.to_string());
             }
             q.finish()
         };
@@ -230,4 +337,17 @@ impl Freshness {
             .map_err(|e| failed(e.to_string()))?;
         Probe::from_list_json(text.as_bytes()).map_err(|e| failed(e.to_string()))
     }
+}
+
+/// The key's progress RV and how many objects it holds.
+async fn progress(addr: &Addr<CachedObject>) -> std::result::Result<(u64, usize), String> {
+    let snap = addr
+        .send(Read {
+            min_rv: 0,
+            at: None,
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    Ok((snap.rv, snap.objects.len()))
 }

@@ -126,12 +126,13 @@ pub async fn run(
         cfg.nats.owner_cutoff_ms,
     )));
     upstream_health.spawn_probe(clients.clone(), Duration::from_secs(2));
-    let fresh = crate::fresh::Freshness::new(clients.clone());
     let upstream = Arc::new(UpstreamSource::new(
-        clients,
+        clients.clone(),
         cache_cfg.clone(),
         upstream_health.clone(),
     ));
+    let fresh =
+        crate::fresh::Freshness::new(clients, upstream.clone(), cfg.cache.freshness_probe_limit);
     let fleet = match &cfg.nats.url {
         Some(url) => {
             let keyring = fleet::load_keyring(&cfg.nats)?;

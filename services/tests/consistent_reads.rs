@@ -60,8 +60,19 @@ const STREAM: &str =
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_lists_see_every_write_made_before_them() {
+    streaming_lists_see_every_write("", 30, Proof::Listed).await;
+}
+
+/// The same with the namespace's Secrets proven by a tail watch (a deleted Secret is
+/// never streamed, whichever proof the key takes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_lists_of_keys_proven_by_a_tail_watch_see_every_write_made_before_them() {
+    streaming_lists_see_every_write("[cache]\nfreshness_probe_limit = 1\n", 10, Proof::Tail).await;
+}
+
+async fn streaming_lists_see_every_write(toml: &str, rounds: usize, proof: Proof) {
     let cluster = TestCluster::start().await;
-    let k = Kcache::start(&cluster, "").await;
+    let k = Kcache::start(&cluster, toml).await;
     let admin = cluster.kube_client().await;
     support::create_namespace(&admin, "fresh").await;
     put_secret(&admin, "fresh", "base", "0").await;
@@ -79,8 +90,7 @@ async fn streaming_lists_see_every_write_made_before_them() {
         ))
         .await;
     let before = k.metrics_text().await;
-    const ROUNDS: usize = 30;
-    for i in 0..ROUNDS {
+    for i in 0..rounds {
         let value = i.to_string();
         let extra = format!("s{i}");
         // Write, then read at once: an update, a creation, and (from round 1) the
@@ -90,6 +100,10 @@ async fn streaming_lists_see_every_write_made_before_them() {
         if i > 0 {
             delete_secret(&admin, "fresh", &format!("s{}", i - 1)).await;
         }
+        // A write to another resource, as a cluster's leases and events write all the
+        // time: the newest write in etcd is not the key's resource's, and a tail watch
+        // gets its bookmark (`services::fresh::Freshness::tail`).
+        put_configmap(&admin, "default", "elsewhere", &value).await;
         let mut ns = kc
             .watch_ok(&format!("/api/v1/namespaces/fresh/secrets?{STREAM}"))
             .await;
@@ -152,9 +166,31 @@ async fn streaming_lists_see_every_write_made_before_them() {
     assert_eq!(forwarded, 0.0, "consistent reads forwarded upstream");
     assert_eq!(
         served,
-        (2 * ROUNDS + 1) as f64,
+        (2 * rounds + 1) as f64,
         "consistent reads served by kcache"
     );
+    let tails = |text: &str, result: &str| {
+        support::kcache::sum_samples(
+            text,
+            "kcache_freshness_tail_watches_total",
+            Some(&format!("result=\"{result}\"")),
+        )
+    };
+    // Both streaming lists a round and the last one are the namespace key's (it covers
+    // the name selector), each proven by a tail. The last one's newest write in etcd is
+    // a Secret of the key itself: its tail gets no bookmark, so it either finds the key
+    // already there (its event arrived first) or falls back to a list.
+    let (by_tail, fell_back) = (
+        tails(&after, "ok") - tails(&before, "ok"),
+        tails(&after, "fallback") - tails(&before, "fallback"),
+    );
+    match proof {
+        Proof::Listed => assert_eq!((by_tail, fell_back), (0.0, 0.0)),
+        Proof::Tail => assert!(
+            by_tail + fell_back == (2 * rounds + 1) as f64 && fell_back <= 1.0,
+            "{by_tail} reads proven by a tail watch, {fell_back} tails fell back to a list"
+        ),
+    }
 }
 
 /// A list's `name → data.v`, and its resourceVersion.
@@ -183,8 +219,28 @@ fn list_state(path: &str, code: u16, list: &Value) -> (BTreeMap<String, String>,
 /// keys are proven only for a consistent read (Secrets' are proven for every read).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lists_without_a_resource_version_see_every_write_made_before_them() {
+    lists_see_every_write("", 30, Proof::Listed).await;
+}
+
+/// The same, with every key of more than one object proven by a tail watch of its events
+/// (`core::fresh::Tail`) instead of a list of its metadata — the namespace's key, which
+/// serves the name and label selectors too (a covering key) — and, where the newest write
+/// in etcd is the key's own resource's (no bookmark comes), by the list it falls back to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_of_keys_proven_by_a_tail_watch_see_every_write_made_before_them() {
+    lists_see_every_write("[cache]\nfreshness_probe_limit = 1\n", 10, Proof::Tail).await;
+}
+
+/// How the namespace key's consistent reads are proven.
+#[derive(PartialEq)]
+enum Proof {
+    Listed,
+    Tail,
+}
+
+async fn lists_see_every_write(toml: &str, rounds: usize, proof: Proof) {
     let cluster = TestCluster::start().await;
-    let k = Kcache::start(&cluster, "").await;
+    let k = Kcache::start(&cluster, toml).await;
     let admin = cluster.kube_client().await;
     support::create_namespace(&admin, "lists").await;
     put_configmap(&admin, "lists", "base", "0").await;
@@ -202,8 +258,7 @@ async fn lists_without_a_resource_version_see_every_write_made_before_them() {
         .watch_ok(&format!("{ONE}&watch=1&resourceVersion=0"))
         .await;
     let before = k.metrics_text().await;
-    const ROUNDS: usize = 30;
-    for i in 0..ROUNDS {
+    for i in 0..rounds {
         let value = i.to_string();
         let extra = format!("c{i}");
         put_configmap(&admin, "lists", "base", &value).await;
@@ -211,6 +266,10 @@ async fn lists_without_a_resource_version_see_every_write_made_before_them() {
         if i > 0 {
             delete_configmap(&admin, "lists", &format!("c{}", i - 1)).await;
         }
+        // A write to another resource, as a cluster's leases and events write all the
+        // time: the newest write in etcd is not the key's resource's, and a tail watch
+        // gets its bookmark (`services::fresh::Freshness::tail`).
+        put_secret(&admin, "default", "elsewhere", &value).await;
         let (code, list) = kc.get_admin(ALL).await;
         let (state, rv) = list_state(ALL, code, &list);
         let (code, list) = kc.get_admin(ONE).await;
@@ -238,6 +297,19 @@ async fn lists_without_a_resource_version_see_every_write_made_before_them() {
             "round {i}: kcache's RV {rv} after the API server's {direct_rv}"
         );
     }
+    // The newest write in etcd is a ConfigMap of the key itself: the upstream has no
+    // bookmark to send a tail watch, which then falls back to listing the key whole
+    // (unless the key's own event got there first) — the answer as right as ever.
+    put_configmap(&admin, "lists", "base", "last").await;
+    let (code, list) = kc.get_admin(ALL).await;
+    let (state, _) = list_state(ALL, code, &list);
+    let (code, list) = api.get_admin(ALL).await;
+    let (direct, _) = list_state(ALL, code, &list);
+    assert_eq!(
+        state, direct,
+        "the last round: kcache against the API server"
+    );
+    assert_eq!(state["base"], "last");
     // Served by kcache, not forwarded: every list was proven fresh (at once or after the
     // key caught up), none went to the API server.
     let after = k.metrics_text().await;
@@ -254,9 +326,25 @@ async fn lists_without_a_resource_version_see_every_write_made_before_them() {
     assert_eq!(forwarded, 0.0, "consistent lists forwarded upstream");
     assert_eq!(
         served,
-        (3 * ROUNDS) as f64,
+        (3 * rounds + 1) as f64,
         "consistent lists served by kcache"
     );
+    // Every list is the namespace key's (it covers the name and label selectors): by a
+    // tail each, or none; the last one's tail gets no bookmark, so it finds the key
+    // already there (its event arrived first) or falls back.
+    let tails = "kcache_freshness_tail_watches_total";
+    let proven_by_tail =
+        count(&after, tails, "result=\"ok\"") - count(&before, tails, "result=\"ok\"");
+    let fell_back =
+        count(&after, tails, "result=\"fallback\"") - count(&before, tails, "result=\"fallback\"");
+    match proof {
+        Proof::Listed => assert_eq!((proven_by_tail, fell_back), (0.0, 0.0)),
+        Proof::Tail => assert!(
+            proven_by_tail + fell_back == (3 * rounds + 1) as f64 && fell_back <= 1.0,
+            "{proven_by_tail} reads proven by a tail watch, {fell_back} tails fell back to a list; kcache's log:\n{}",
+            k.log_tail()
+        ),
+    }
     let bypassed = "kcache_cache_bypassed_total";
     assert_eq!(
         count(&after, bypassed, "reason=\"rv\""),

@@ -172,6 +172,15 @@ impl Key {
         }
     }
 
+    /// A name key in one namespace (or of a cluster-scoped resource): at most one
+    /// object, however the upstream pages a list of it.
+    pub fn holds_at_most_one(&self) -> bool {
+        match &self.scope {
+            Scope::Name { namespace, .. } => namespace.is_some() || !self.resource.namespaced,
+            Scope::Cluster | Scope::Namespace(_) | Scope::Node(_) => false,
+        }
+    }
+
     /// Name keys of Secrets and ConfigMaps may stop watching once their object is
     /// immutable, as the kubelet's watch-based manager does.
     pub fn may_hold_immutable(&self) -> bool {
@@ -480,6 +489,27 @@ mod tests {
         let parsed =
             FieldSelector::parse(&k.upstream_field_selector().unwrap_or_default()).expect("parses");
         assert_eq!(parsed.equality_value("metadata.name"), Some("a,b=c"));
+    }
+
+    #[test]
+    fn which_keys_hold_at_most_one_object() {
+        let ns = namespaces();
+        let name = |namespace: Option<&str>| Scope::Name {
+            namespace: namespace.map(str::to_string),
+            name: "x".into(),
+        };
+        let cases = [
+            (Key::new(secrets(), name(Some("a"))), true),
+            // One name across every namespace: one object per namespace.
+            (Key::new(secrets(), name(None)), false),
+            (Key::new(ns.clone(), name(None)), true),
+            (Key::new(ns, Scope::Cluster), false),
+            (Key::new(secrets(), Scope::Namespace("a".into())), false),
+            (Key::new(secrets(), Scope::Node("n".into())), false),
+        ];
+        for (key, want) in cases {
+            assert_eq!(key.holds_at_most_one(), want, "{key}");
+        }
     }
 
     #[test]
