@@ -110,6 +110,14 @@ impl Message for TryRead {
     type Result = Option<Result<Snapshot>>;
 }
 
+/// The key's progress RV and how many objects it holds, once synced (`None` before): what
+/// a freshness proof starts from, without copying the key's state.
+pub struct Progress;
+
+impl Message for Progress {
+    type Result = Option<(u64, usize)>;
+}
+
 /// Move live watchers to `to` (coalescing onto a covering key, or splitting back to their
 /// own): those that asked for `only_asked` when given, else all. Each gets every event up
 /// to this key's progress from here and the rest from `to`, once `to` is synced
@@ -918,6 +926,16 @@ impl Handler<TryRead> for CachedObject {
         self.machine
             .fresh_enough(msg.at.unwrap_or(msg.min_rv))
             .then(|| self.snapshot_at(msg.at))
+    }
+}
+
+impl Handler<Progress> for CachedObject {
+    type Result = Option<(u64, usize)>;
+
+    fn handle(&mut self, _msg: Progress, _ctx: &mut Self::Context) -> Self::Result {
+        self.machine
+            .synced()
+            .then(|| (self.machine.progress(), self.store.len()))
     }
 }
 

@@ -72,6 +72,12 @@ pub enum Error {
     /// changed up to the resourceVersion it was asked about.
     #[error("upstream watch of {key} ended before it reached resourceVersion {until}")]
     TailCut { key: String, until: u64 },
+    #[error("upstream watch of {key} proves nothing: {source}")]
+    TailUnordered {
+        key: String,
+        #[source]
+        source: crate::core::fresh::Error,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -667,8 +673,10 @@ impl TailWatch {
                     })
                 }
             };
-            if let Some(at) = tail.step(step) {
-                return Ok(at);
+            match tail.step(step) {
+                Ok(Some(at)) => return Ok(at),
+                Ok(None) => {}
+                Err(source) => return Err(Error::TailUnordered { key, source }),
             }
         }
     }
@@ -679,8 +687,10 @@ impl Reader {
     /// the upstream's cache sends its bookmark after about one.
     async fn open_tail(&self, from: u64) -> Result<TailWatch> {
         let key = self.key.to_string();
+        // Unpaced, as the probe's list: the pace is the budget of key (re)starts, which a
+        // burst of consistent reads must not spend.
         let (conn, events) = self
-            .open_watch(Start::After(from), REPLAY_WATCH_SECS, true)
+            .open_watch(Start::After(from), REPLAY_WATCH_SECS, false)
             .await
             .map_err(|source| Error::WatchStartFailed {
                 key: key.clone(),

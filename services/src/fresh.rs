@@ -16,9 +16,10 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use actix::Addr;
-use kcache_actors::cached_object::{CachedObject, Read};
+use kcache_actors::cached_object::{CachedObject, Progress, Read};
 use kcache_actors::core::fresh::{judge, Probe, Seen, Verdict, Version};
 use kcache_actors::core::key::Key;
 use kcache_actors::source::UpstreamSource;
@@ -74,7 +75,14 @@ pub struct Freshness {
     /// Most objects a probe lists (`cache.freshness_probe_limit`; 0: all).
     limit: u64,
     rounds: Mutex<HashMap<Key, Round>>,
+    /// Keys whose last tail fell back, until when their probes list them whole: a tail
+    /// that got no bookmark (a quiet cluster, the resource's own write the newest) would
+    /// add its three seconds to every read of the key before the same list.
+    no_tail_until: Mutex<HashMap<Key, Instant>>,
 }
+
+/// How long a key whose tail fell back is listed whole instead.
+const NO_TAIL_FOR: Duration = Duration::from_secs(30);
 
 /// Registers the metrics at zero for each outcome, so the first consistent read is seen
 /// by `rate()`.
@@ -113,6 +121,7 @@ impl Freshness {
             upstream,
             limit,
             rounds: Mutex::new(HashMap::new()),
+            no_tail_until: Mutex::new(HashMap::new()),
         })
     }
 
@@ -238,6 +247,9 @@ impl Freshness {
                 .is_ok_and(|(_, len)| len as u64 > limit),
             _ => false,
         };
+        if self.tail_resting(key) {
+            return self.list_probe(key, 0).await;
+        }
         if !known_large {
             let probe = self.list_probe(key, limit).await?;
             if probe.seen != Seen::Partial {
@@ -251,10 +263,25 @@ impl Freshness {
             }
             Err(reason) => {
                 metrics::counter!(TAILS, "result" => "fallback").increment(1);
-                tracing::info!(%key, %reason, "freshness tail watch did not say; listing the whole key's metadata");
+                tracing::info!(%key, %reason, secs = NO_TAIL_FOR.as_secs(), "freshness tail watch did not say; listing the whole key's metadata, for a while");
+                self.rest_tail(key);
                 self.list_probe(key, 0).await
             }
         }
+    }
+
+    /// Whether `key`'s tail fell back lately.
+    fn tail_resting(&self, key: &Key) -> bool {
+        let map = self.no_tail_until.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(key).is_some_and(|until| Instant::now() < *until)
+    }
+
+    fn rest_tail(&self, key: &Key) {
+        let now = Instant::now();
+        let mut map = self.no_tail_until.lock().unwrap_or_else(|e| e.into_inner());
+        // Bounded by the keys that fell back within the last NO_TAIL_FOR.
+        map.retain(|_, until| now < *until);
+        map.insert(key.clone(), now + NO_TAIL_FOR);
     }
 
     /// The tail proof. The watch is registered upstream before the consistent read that
@@ -339,15 +366,10 @@ impl Freshness {
     }
 }
 
-/// The key's progress RV and how many objects it holds.
+/// The key's progress RV and how many objects it holds (no copy of its state).
 async fn progress(addr: &Addr<CachedObject>) -> std::result::Result<(u64, usize), String> {
-    let snap = addr
-        .send(Read {
-            min_rv: 0,
-            at: None,
-        })
+    addr.send(Progress)
         .await
         .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-    Ok((snap.rv, snap.objects.len()))
+        .ok_or_else(|| "the key is not synced".to_string())
 }

@@ -37,6 +37,9 @@ pub enum Error {
     /// The upstream's answer to the probe is not a list kcache can read.
     #[error("unreadable freshness probe answer: {0}")]
     Unreadable(String),
+    /// A tail watch sent what no watch from the key's progress sends: no proof.
+    #[error("tail watch from resourceVersion {from} sent {what}")]
+    Unordered { from: u64, what: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -193,9 +196,20 @@ impl Tail {
     }
 
     /// `Some(at)` once the watch has said all: the key's state at `until` is its state at
-    /// `at`; `None`: read on.
-    pub fn step(&mut self, event: TailEvent) -> Option<u64> {
-        match event {
+    /// `at`; `None`: read on. An event at or before the watch's start, or an RV of 0,
+    /// is no proof of anything (an upstream that sends it is not the one reasoned about).
+    pub fn step(&mut self, event: TailEvent) -> Result<Option<u64>> {
+        let unordered = |what: String| Error::Unordered {
+            from: self.from,
+            what,
+        };
+        Ok(match event {
+            TailEvent::Change(rv) if rv <= self.from => {
+                return Err(unordered(format!("a change at resourceVersion {rv}")))
+            }
+            TailEvent::Bookmark(0) => {
+                return Err(unordered("a bookmark without a resourceVersion".into()))
+            }
             // Events come in order: one past `until` means every one up to it came.
             TailEvent::Change(rv) if rv > self.until => Some(self.at()),
             TailEvent::Change(rv) => {
@@ -204,7 +218,7 @@ impl Tail {
             }
             TailEvent::Bookmark(rv) if rv >= self.until => Some(self.at()),
             TailEvent::Bookmark(_) => None,
-        }
+        })
     }
 
     fn at(&self) -> u64 {
@@ -321,8 +335,15 @@ mod tests {
             let got = events
                 .iter()
                 .enumerate()
-                .find_map(|(i, e)| tail.step(*e).map(|at| (i, at)));
+                .find_map(|(i, e)| tail.step(*e).expect("an ordered watch").map(|at| (i, at)));
             assert_eq!(got, want, "{from} {until} {events:?}");
+        }
+        // What no watch from the key's progress sends ends the tail without a proof.
+        for bad in [Change(20), Change(5), Change(0), Bookmark(0)] {
+            assert!(
+                Tail::new(20, 50).step(bad).is_err(),
+                "{bad:?} after a watch from 20"
+            );
         }
     }
 
