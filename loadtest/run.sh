@@ -24,7 +24,9 @@
 # there at the end, whatever the outcome), KCACHE_BENCH_SERVER_TOML and
 # KCACHE_BENCH_CACHE_TOML (an experiment's extra [server] and [cache] lines of kcache's
 # configuration, recorded with the rest). CARGO_TARGET_DIR, if set, is where cargo
-# builds and where the binaries are taken from (default: target).
+# builds and where the binaries are taken from (default: target). KCACHE_BENCH_FLEET=N
+# (relist only): kcache is a fleet of N replicas over a nats-server of its own, all on
+# kcache's core; each page goes to the next replica in turn, as behind a Service.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,6 +61,9 @@ fi
 
 eval "$(scripts/start-test-cluster.sh "$bin")"
 kpid=
+# KCACHE_BENCH_FLEET: the replicas after the first, and their nats-server.
+more_pids=
+nats_pid=
 cleanup() {
   local status=$?
   # The restart scenario kills the API server and starts another (restart-apiserver.sh,
@@ -69,14 +74,14 @@ cleanup() {
   # A KCACHE_BENCH_WRAP wrapper's child is kcache itself.
   [[ -n $kpid ]] && { pkill -TERM -P "$kpid" 2>/dev/null || true; }
   # shellcheck disable=SC2086
-  kill $kpid $KUBE_PIDS 2>/dev/null || true
+  kill $kpid $more_pids $nats_pid $KUBE_PIDS 2>/dev/null || true
   # The API server takes ~10 s to shut down; the next run must not share core 0 with it.
   for _ in $(seq 60); do
     # shellcheck disable=SC2086
-    kill -0 $kpid $KUBE_PIDS 2>/dev/null || break
+    kill -0 $kpid $more_pids $nats_pid $KUBE_PIDS 2>/dev/null || break
     sleep 0.5
   done
-  for p in $kpid $KUBE_PIDS; do
+  for p in $kpid $more_pids $nats_pid $KUBE_PIDS; do
     kill -0 "$p" 2>/dev/null && { kill -9 "$p" 2>/dev/null || true; }
   done
   wait 2>/dev/null || true
@@ -123,6 +128,22 @@ printf "${caps}[cache]\ncoalesce_min_names = %d\n%s\n%b" "$coalesce_min_names" \
   "$([[ $scenario == scale || $scenario == coalesce ]] && echo 'max_keys_per_user = 0')" \
   "$cache_extra" >"$KUBE_DIR/kcache-bench.toml"
 kcache_args=(--config "$KUBE_DIR/kcache-bench.toml")
+fleet=${KCACHE_BENCH_FLEET:-1}
+free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+if ((fleet > 1)); then
+  [[ $scenario == relist ]] || { echo "run.sh: KCACHE_BENCH_FLEET is for --scenario relist" >&2; exit 2; }
+  # As loadtest/fleet.sh: one nats-server, messages signed and sealed.
+  nport=$(free_port)
+  nats-server -a 127.0.0.1 -p "$nport" -js -sd "$KUBE_DIR/nats" --auth fleetbench >"$KUBE_DIR/nats.log" 2>&1 &
+  nats_pid=$!
+  head -c 32 /dev/urandom | base64 >"$KUBE_DIR/nats-key"
+  head -c 32 /dev/urandom | base64 >"$KUBE_DIR/nats-signing-key"
+  echo -n fleetbench >"$KUBE_DIR/nats-token"
+  printf '\n[nats]\ntoken_file = "%s"\nsigning_key_file = "%s"\nencryption_active_key = "k1"\n\n[[nats.encryption_keys]]\nid = "k1"\nfile = "%s"\n' \
+    "$KUBE_DIR/nats-token" "$KUBE_DIR/nats-signing-key" "$KUBE_DIR/nats-key" >>"$KUBE_DIR/kcache-bench.toml"
+  kcache_args+=(--nats "nats://127.0.0.1:$nport")
+  echo "kcache: a fleet of $fleet replicas over nats://127.0.0.1:$nport"
+fi
 echo "kcache: cache.coalesce_min_names = $coalesce_min_names, $(tr '\n' ' ' <"$KUBE_DIR/kcache-bench.toml") ($KUBE_DIR/kcache-bench.toml)"
 
 cores=$(nproc)
@@ -148,21 +169,36 @@ if [[ -n ${KCACHE_BENCH_GEN_CPUS:-} && -n $pinning && ${#pin_kcache[@]} -gt 0 ]]
 fi
 echo "pinned: $pinning"
 
-port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
+port=$(free_port)
 # KCACHE_BENCH_WRAP runs kcache under a profiler, e.g. "heaptrack -o /tmp/kcache-heap";
 # RSS and CPU figures are then the wrapper's and mean nothing. KCACHE_BENCH_BIN: another
 # kcache build (e.g. one with debug line tables for the profiler).
 read -r -a wrap <<<"${KCACHE_BENCH_WRAP:-}"
+replica_args=()
+((fleet > 1)) && replica_args=(--replica-id r0)
 "${pin_kcache[@]}" "${wrap[@]}" "${KCACHE_BENCH_BIN:-$release/kcache}" serve --kubeconfig "$KUBECONFIG" --listen "127.0.0.1:$port" --admin-listen api \
-  "${kcache_args[@]}" >"$KUBE_DIR/kcache.log" 2>&1 &
+  "${kcache_args[@]}" "${replica_args[@]}" >"$KUBE_DIR/kcache.log" 2>&1 &
 kpid=$!
-ready=
-for _ in $(seq 150); do
-  curl -skf "https://127.0.0.1:$port/readyz" >/dev/null && { ready=1; break; }
-  kill -0 "$kpid" 2>/dev/null || break
-  sleep 0.2
+# Waits for the kcache at $1 (pid $2, log $3) to be ready.
+await_ready() {
+  local ready=
+  for _ in $(seq 150); do
+    curl -skf "https://127.0.0.1:$1/readyz" >/dev/null && { ready=1; break; }
+    kill -0 "$2" 2>/dev/null || break
+    sleep 0.2
+  done
+  [[ $ready ]] || { echo "run.sh: kcache not ready" >&2; tail -20 "$3" >&2; exit 1; }
+}
+await_ready "$port" "$kpid" "$KUBE_DIR/kcache.log"
+for ((i = 1; i < fleet; i++)); do
+  rport=$(free_port)
+  "${pin_kcache[@]}" "$release/kcache" serve --kubeconfig "$KUBECONFIG" --listen "127.0.0.1:$rport" --admin-listen api \
+    "${kcache_args[@]}" --replica-id "r$i" >"$KUBE_DIR/kcache-r$i.log" 2>&1 &
+  rpid=$!
+  more_pids+=" $rpid"
+  await_ready "$rport" "$rpid" "$KUBE_DIR/kcache-r$i.log"
+  bench_args+=(--kcache-replica "https://127.0.0.1:$rport=$rpid")
 done
-[[ $ready ]] || { echo "run.sh: kcache not ready" >&2; tail -20 "$KUBE_DIR/kcache.log" >&2; exit 1; }
 
 results=${KCACHE_BENCH_RESULTS:-loadtest/results}
 mkdir -p "$results"

@@ -94,6 +94,12 @@ pub struct Args {
     /// PID of the kcache process (RSS, CPU).
     #[arg(long)]
     pub kcache_pid: u32,
+    /// More kcache replicas of the same fleet, behind one Service as far as the
+    /// scenario goes: `URL=PID`, repeated (run.sh's `KCACHE_BENCH_FLEET`). The relist
+    /// scenario sends each page to the next replica in turn and sums their CPU; the
+    /// other scenarios use `--kcache` alone.
+    #[arg(long = "kcache-replica", value_parser = parse_replica)]
+    pub kcache_replicas: Vec<Replica>,
     /// PID of etcd (relist: its CPU seconds; run.sh passes it).
     #[arg(long)]
     pub etcd_pid: Option<u32>,
@@ -290,4 +296,43 @@ pub struct Args {
     /// How the processes were pinned to cores (recorded in the JSON; set by run.sh).
     #[arg(long, default_value = "not pinned")]
     pub pinning: String,
+}
+
+/// One more process of a target (`--kcache-replica`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replica {
+    pub url: String,
+    pub pid: u32,
+}
+
+/// `URL=PID`.
+fn parse_replica(s: &str) -> Result<Replica, String> {
+    let (url, pid) = s
+        .rsplit_once('=')
+        .ok_or_else(|| format!("{s:?}: expected URL=PID"))?;
+    let pid = pid
+        .parse()
+        .map_err(|_| format!("{s:?}: {pid:?} is not a pid"))?;
+    Ok(Replica {
+        url: url.trim_end_matches('/').to_string(),
+        pid,
+    })
+}
+
+#[cfg(test)]
+mod replica_tests {
+    use super::*;
+
+    #[test]
+    fn replicas_read_as_url_and_pid() {
+        assert_eq!(
+            parse_replica("https://127.0.0.1:8443/=42"),
+            Ok(Replica {
+                url: "https://127.0.0.1:8443".into(),
+                pid: 42
+            })
+        );
+        assert!(parse_replica("https://127.0.0.1:8443").is_err());
+        assert!(parse_replica("https://127.0.0.1:8443=x").is_err());
+    }
 }

@@ -99,12 +99,14 @@ async fn main() -> ExitCode {
                 name: "kube-apiserver",
                 url: args.apiserver.trim_end_matches('/').to_string(),
                 pid: args.apiserver_pid,
+                replicas: Vec::new(),
             },
             TargetKind::Kcache => Target {
                 kind: *k,
                 name: "kcache",
                 url: args.kcache.trim_end_matches('/').to_string(),
                 pid: args.kcache_pid,
+                replicas: args.kcache_replicas.clone(),
             },
         })
         .collect();

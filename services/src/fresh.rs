@@ -81,6 +81,15 @@ pub struct Freshness {
     no_tail_until: Mutex<HashMap<Key, Instant>>,
 }
 
+/// Why a probe did not end in a tail's proof.
+enum NoTail {
+    /// The key has nothing to start a tail from (not synced yet).
+    NotYet(String),
+    /// The tail ran and could not say (no bookmark, a 410, an unordered event), or its
+    /// upstream requests failed.
+    Failed(String),
+}
+
 /// How long a key whose tail fell back is listed whole instead.
 const NO_TAIL_FOR: Duration = Duration::from_secs(30);
 
@@ -261,7 +270,13 @@ impl Freshness {
                 metrics::counter!(TAILS, "result" => "ok").increment(1);
                 Ok(probe)
             }
-            Err(reason) => {
+            // The key cannot start a tail yet (not synced: its first read): list it, as
+            // any key's first probe did before tails.
+            Err(NoTail::NotYet(reason)) => {
+                tracing::debug!(%key, %reason, "no tail watch yet; listing the whole key's metadata");
+                self.list_probe(key, 0).await
+            }
+            Err(NoTail::Failed(reason)) => {
                 metrics::counter!(TAILS, "result" => "fallback").increment(1);
                 tracing::info!(%key, %reason, secs = NO_TAIL_FOR.as_secs(), "freshness tail watch did not say; listing the whole key's metadata, for a while");
                 self.rest_tail(key);
@@ -295,19 +310,20 @@ impl Freshness {
         &self,
         key: &Key,
         addr: Option<&Addr<CachedObject>>,
-    ) -> std::result::Result<Probe, String> {
-        let addr = addr.ok_or("no cached key to start from")?;
-        let (from, _) = progress(addr).await?;
+    ) -> std::result::Result<Probe, NoTail> {
+        let addr = addr.ok_or_else(|| NoTail::NotYet("no cached key to start from".into()))?;
+        let (from, _) = progress(addr).await.map_err(NoTail::NotYet)?;
         // 0 would ask the upstream for a watch from "any" state, not from the key's.
         if from == 0 {
-            return Err("the key has no progress yet".into());
+            return Err(NoTail::NotYet("the key has no progress yet".into()));
         }
+        let failed = |e: &dyn std::fmt::Display| NoTail::Failed(e.to_string());
         let watch = self
             .upstream
             .open_tail(key, from)
             .await
-            .map_err(|e| e.to_string())?;
-        let probe = self.list_probe(key, 1).await.map_err(|e| e.to_string())?;
+            .map_err(|e| failed(&e))?;
+        let probe = self.list_probe(key, 1).await.map_err(|e| failed(&e))?;
         if matches!(probe.seen, Seen::Whole(_)) {
             // It shrank to one object or none: that is the whole key.
             return Ok(probe);
@@ -316,7 +332,7 @@ impl Freshness {
         let at = if from >= rv {
             from
         } else {
-            watch.until(rv).await.map_err(|e| e.to_string())?
+            watch.until(rv).await.map_err(|e| failed(&e))?
         };
         Ok(Probe {
             rv,

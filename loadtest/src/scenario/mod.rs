@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 
-use crate::cli::{Args, TargetKind};
+use crate::cli::{Args, Replica, TargetKind};
 use crate::client::{Api, ConnModel, ConnPool, Created};
 use crate::probe::{self, Cpu};
 use crate::progress::{Progress, Tracking};
@@ -53,11 +53,21 @@ pub struct Target {
     pub name: &'static str,
     pub url: String,
     pub pid: u32,
+    /// The fleet's other replicas (`--kcache-replica`): only the relist scenario uses
+    /// them.
+    pub replicas: Vec<Replica>,
 }
 
 impl Target {
     pub fn is_apiserver(&self) -> bool {
         self.kind == TargetKind::Apiserver
+    }
+
+    /// The target's URL, then its replicas'.
+    pub fn urls(&self) -> Vec<String> {
+        std::iter::once(self.url.clone())
+            .chain(self.replicas.iter().map(|r| r.url.clone()))
+            .collect()
     }
 }
 

@@ -124,25 +124,39 @@ struct Paged {
     error: Option<String>,
 }
 
-/// A list reader: one connection, the bench token, the list's URL and page size, and
-/// (Table) its `Accept`.
+/// A list reader: one connection, the bench token, the list's URLs (a fleet's replicas,
+/// each page to the next in turn, as behind a Service) and page size, and (Table) its
+/// `Accept`.
 struct Lister {
     http: reqwest::Client,
-    url: String,
+    urls: Vec<String>,
+    /// The next page's replica (modulo `urls`).
+    turn: AtomicUsize,
     token: String,
     limit: usize,
     accept: Option<&'static str>,
 }
 
 impl Lister {
-    fn new(http: reqwest::Client, ctx: &Ctx, t: &Target, p: &Params) -> Lister {
+    /// A reader whose first page goes to the target's replica `first` (modulo how many).
+    fn new(http: reqwest::Client, ctx: &Ctx, t: &Target, p: &Params, first: usize) -> Lister {
         Lister {
             http,
-            url: format!("{}{}", t.url, collection()),
+            urls: t
+                .urls()
+                .iter()
+                .map(|u| format!("{u}{}", collection()))
+                .collect(),
+            turn: AtomicUsize::new(first),
             token: ctx.args.token.clone(),
             limit: p.limit,
             accept: None,
         }
+    }
+
+    fn next_url(&self) -> &str {
+        let i = self.turn.fetch_add(1, Ordering::Relaxed);
+        &self.urls[i % self.urls.len()]
     }
 
     /// One page: after `cont`, or the first.
@@ -155,7 +169,7 @@ impl Lister {
         for attempt in 0..=MAX_RETRIES {
             let mut req = self
                 .http
-                .get(&self.url)
+                .get(self.next_url())
                 .query(&query)
                 .bearer_auth(&self.token)
                 .timeout(REQUEST_TIMEOUT);
@@ -308,21 +322,29 @@ fn delta(before: &Counts, after: &Counts) -> Counts {
         .collect()
 }
 
-/// The API server's and the target's counters, one map.
+/// The API server's and the target's counters (summed over a fleet's replicas), one map.
 async fn server_counts(ctx: &Ctx, t: &Target) -> Counts {
     let mut c = counts(ctx, &ctx.args.apiserver, APISERVER_COUNTERS).await;
     if !t.is_apiserver() {
-        c.extend(counts(ctx, &t.url, KCACHE_COUNTERS).await);
+        for url in t.urls() {
+            for (k, v) in counts(ctx, &url, KCACHE_COUNTERS).await {
+                *c.entry(k).or_default() += v;
+            }
+        }
     }
     c
 }
 
-/// CPU seconds so far: target, API server, generator, and etcd (0 without its pid).
+/// CPU seconds so far: target (a fleet's replicas summed), API server, generator, and
+/// etcd (0 without its pid).
 fn cpu_now(ctx: &Ctx, t: &Target) -> (Cpu, f64) {
-    (
-        Cpu::now(t.pid, ctx.args.apiserver_pid),
-        ctx.args.etcd_pid.map_or(0.0, probe::cpu_seconds),
-    )
+    let mut cpu = Cpu::now(t.pid, ctx.args.apiserver_pid);
+    cpu.target += t
+        .replicas
+        .iter()
+        .map(|r| probe::cpu_seconds(r.pid))
+        .sum::<f64>();
+    (cpu, ctx.args.etcd_pid.map_or(0.0, probe::cpu_seconds))
 }
 
 /// What one phase cost: CPU deltas (with etcd's) and the counters' deltas.
@@ -362,7 +384,7 @@ async fn relists(ctx: &Ctx, p: &Params, t: &Target, rec: &Arc<Recorder>) -> Vec<
         .map(|i| {
             let first = start + period.mul_f64(i as f64 / p.controllers as f64);
             tokio::spawn(controller(
-                Lister::new(pool.get(i), ctx, t, p),
+                Lister::new(pool.get(i), ctx, t, p, i),
                 first,
                 period,
                 end,
@@ -419,7 +441,15 @@ async fn measure(ctx: &Ctx, p: &Params, t: &Target, objects: usize) -> TargetRep
 
     ctx.progress
         .stage(&format!("{}: warm-up list of {NS}", t.name));
-    let warmup = Lister::new(own.clone(), ctx, t, p).list(&rec, &none).await;
+    // Every replica's key synced: one paged list through each.
+    let mut warmup = Paged::default();
+    for first in 0..t.urls().len() {
+        let one = Lister {
+            urls: vec![format!("{}{}", t.urls()[first], collection())],
+            ..Lister::new(own.clone(), ctx, t, p, 0)
+        };
+        warmup = one.list(&rec, &none).await;
+    }
     ctx.progress.log(&format!(
         "{}: warm-up list: {} items in {} pages, {:.2} s{}",
         t.name,
@@ -450,7 +480,7 @@ async fn measure(ctx: &Ctx, p: &Params, t: &Target, objects: usize) -> TargetRep
         .stage(&format!("{}: one Table list of {NS}", t.name));
     let table_lister = Lister {
         accept: Some(TABLE_ACCEPT),
-        ..Lister::new(http_client(ctx.model.http1, None), ctx, t, p)
+        ..Lister::new(http_client(ctx.model.http1, None), ctx, t, p, 0)
     };
     let (table, table_cost) = costed(ctx, t, table_lister.list(&rec, &none)).await;
 
@@ -479,6 +509,7 @@ async fn measure(ctx: &Ctx, p: &Params, t: &Target, objects: usize) -> TargetRep
     let f = |v: usize| Some(v as f64);
     let figures = vec![
         ("objects", f(objects)),
+        ("replicas", f(t.urls().len())),
         ("relists_completed", f(completed)),
         ("relists_failed", f(failed)),
         ("relists_wrong_item_count", f(wrong)),
@@ -523,6 +554,12 @@ async fn measure(ctx: &Ctx, p: &Params, t: &Target, objects: usize) -> TargetRep
         ("warmup_list_seconds", Some(warmup.seconds)),
     ];
     let mut notes = Vec::new();
+    if !t.replicas.is_empty() {
+        notes.push(format!(
+            "a fleet of {} replicas: each page to the next replica in turn (as behind a Service), their CPU summed; the RSS figures are the first replica's",
+            t.urls().len()
+        ));
+    }
     if wrong > 0 {
         notes.push(format!(
             "{wrong} relists did not return the {objects} objects"
