@@ -10,8 +10,8 @@
 #   kcache  sendInitialEvents=true (streaming list, bookmark at the end), slow reader
 #   kcache  watch=1 without resourceVersion (initial ADDED events), slow reader
 #   kcache  watch=1 without resourceVersion, reader as fast as it can
-#   apiserver watch=1 without resourceVersion, slow reader (the reference: 1.20 has no
-#           sendInitialEvents)
+#   apiserver sendInitialEvents=true, slow reader (the reference's own streaming list)
+#   apiserver watch=1 without resourceVersion, slow reader
 # A case ends when the reader has every ConfigMap (and, for the streaming list, the
 # initial-events-end bookmark). "peak" is the largest RSS seen during the case, "base" the
 # RSS just before it (kcache's key already synced by a list first, so the growth is the
@@ -147,6 +147,7 @@ rows = [
     case("kcache streaming list, slow reader", kc, kpid, stream, slow, True),
     case("kcache watch=1, slow reader", kc, kpid, plain, slow, False),
     case("kcache watch=1, fast reader", kc, kpid, plain, 0, False),
+    case("apiserver streaming list, slow reader", api, apid, stream, slow, True),
     case("apiserver watch=1, slow reader", api, apid, plain, slow, False),
 ]
 print(f"\n{n} ConfigMaps, slow reader at {slow / 1e6:.1f} MB/s")
