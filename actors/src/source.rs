@@ -576,30 +576,10 @@ impl Reader {
         if from >= to {
             return Ok(replay);
         }
-        // A 1.20 cache sends its bookmark two seconds before the watch's deadline, so
-        // three seconds bring one after about a second; the stream's end is the backstop.
-        let key = self.key.to_string();
-        let (_conn, stream) = self
-            .open_watch(Start::After(from), REPLAY_WATCH_SECS, true)
-            .await
-            .map_err(|source| Error::WatchStartFailed {
-                key: key.clone(),
-                source,
-            })?;
-        let _gauge = WatchGauge::open();
-        let mut stream = std::pin::pin!(stream);
-        let give_up = Duration::from_secs(REPLAY_WATCH_SECS + 2);
+        let mut watch = ShortWatch::open(self, from, true).await?;
         loop {
-            let event = match tokio::time::timeout(give_up, stream.next()).await {
-                Err(_) => {
-                    return Err(Error::WatchSilent {
-                        key,
-                        secs: give_up.as_secs(),
-                    })
-                }
-                Ok(None) => return Ok(replay),
-                Ok(Some(Err(source))) => return Err(Error::WatchFailed { key, source }),
-                Ok(Some(Ok(ev))) => ev,
+            let Some(event) = watch.next().await? else {
+                return Ok(replay);
             };
             let (kind, object) = match event {
                 WireEvent::Object { kind, object } => (kind, object),
@@ -609,12 +589,8 @@ impl Reader {
                     }
                     continue;
                 }
-                WireEvent::Error(status) => {
-                    return Err(Error::WatchFailed {
-                        key,
-                        source: kube::Error::Api(Box::new(status_of(&status, 500))),
-                    })
-                }
+                // `ShortWatch::next` answers an ERROR event with an error.
+                WireEvent::Error(_) => continue,
             };
             let rv = object.rv();
             if rv > to {
@@ -622,7 +598,7 @@ impl Reader {
             }
             if replay.events.len() >= max_events {
                 return Err(Error::ReplayTooLong {
-                    key,
+                    key: watch.key,
                     max: max_events,
                 });
             }
@@ -634,13 +610,59 @@ impl Reader {
     }
 }
 
-/// An open tail watch ([`UpstreamSource::open_tail`]).
-pub struct TailWatch {
+/// A short upstream watch of one key from an RV, a replay's or a freshness tail's:
+/// `REPLAY_WATCH_SECS`, so the upstream's cache sends its bookmark (two seconds before the
+/// watch's deadline) after about one; the stream's end is the backstop.
+struct ShortWatch {
     key: String,
-    from: u64,
     _conn: crate::upstream_pool::Checkout,
     events: Events,
     _gauge: WatchGauge,
+}
+
+impl ShortWatch {
+    async fn open(reader: &Reader, from: u64, paced: bool) -> Result<ShortWatch> {
+        let key = reader.key.to_string();
+        let (conn, events) = reader
+            .open_watch(Start::After(from), REPLAY_WATCH_SECS, paced)
+            .await
+            .map_err(|source| Error::WatchStartFailed {
+                key: key.clone(),
+                source,
+            })?;
+        Ok(ShortWatch {
+            key,
+            _conn: conn,
+            events,
+            _gauge: WatchGauge::open(),
+        })
+    }
+
+    /// The next event, `None` once the upstream ended the watch; silence past the
+    /// deadline, a failure or an ERROR event is an error.
+    async fn next(&mut self) -> Result<Option<WireEvent>> {
+        let give_up = Duration::from_secs(REPLAY_WATCH_SECS + 2);
+        let key = || self.key.clone();
+        match tokio::time::timeout(give_up, self.events.next()).await {
+            Err(_) => Err(Error::WatchSilent {
+                key: key(),
+                secs: give_up.as_secs(),
+            }),
+            Ok(None) => Ok(None),
+            Ok(Some(Err(source))) => Err(Error::WatchFailed { key: key(), source }),
+            Ok(Some(Ok(WireEvent::Error(status)))) => Err(Error::WatchFailed {
+                key: key(),
+                source: kube::Error::Api(Box::new(status_of(&status, 500))),
+            }),
+            Ok(Some(Ok(ev))) => Ok(Some(ev)),
+        }
+    }
+}
+
+/// An open tail watch ([`UpstreamSource::open_tail`]).
+pub struct TailWatch {
+    from: u64,
+    watch: ShortWatch,
 }
 
 impl TailWatch {
@@ -648,60 +670,41 @@ impl TailWatch {
     /// the RV whose state is the key's state at `until`.
     pub async fn until(mut self, until: u64) -> Result<u64> {
         use crate::core::fresh::{Tail, TailEvent};
-        let key = self.key;
         let mut tail = Tail::new(self.from, until);
-        let give_up = Duration::from_secs(REPLAY_WATCH_SECS + 2);
         loop {
-            let event = match tokio::time::timeout(give_up, self.events.next()).await {
-                Err(_) => {
-                    return Err(Error::WatchSilent {
-                        key,
-                        secs: give_up.as_secs(),
+            let step = match self.watch.next().await? {
+                None => {
+                    return Err(Error::TailCut {
+                        key: self.watch.key,
+                        until,
                     })
                 }
-                Ok(None) => return Err(Error::TailCut { key, until }),
-                Ok(Some(Err(source))) => return Err(Error::WatchFailed { key, source }),
-                Ok(Some(Ok(ev))) => ev,
-            };
-            let step = match event {
-                WireEvent::Object { object, .. } => TailEvent::Change(object.rv()),
-                WireEvent::Bookmark { rv, .. } => TailEvent::Bookmark(rv),
-                WireEvent::Error(status) => {
-                    return Err(Error::WatchFailed {
-                        key,
-                        source: kube::Error::Api(Box::new(status_of(&status, 500))),
-                    })
-                }
+                Some(WireEvent::Object { object, .. }) => TailEvent::Change(object.rv()),
+                Some(WireEvent::Bookmark { rv, .. }) => TailEvent::Bookmark(rv),
+                // `ShortWatch::next` answers an ERROR event with an error.
+                Some(WireEvent::Error(_)) => continue,
             };
             match tail.step(step) {
                 Ok(Some(at)) => return Ok(at),
                 Ok(None) => {}
-                Err(source) => return Err(Error::TailUnordered { key, source }),
+                Err(source) => {
+                    return Err(Error::TailUnordered {
+                        key: self.watch.key,
+                        source,
+                    })
+                }
             }
         }
     }
 }
 
 impl Reader {
-    /// See [`UpstreamSource::open_tail`]. The watch is as a replay's: three seconds, so
-    /// the upstream's cache sends its bookmark after about one.
+    /// See [`UpstreamSource::open_tail`]. Unpaced, as the probe's list: the pace is the
+    /// budget of key (re)starts, which a burst of consistent reads must not spend.
     async fn open_tail(&self, from: u64) -> Result<TailWatch> {
-        let key = self.key.to_string();
-        // Unpaced, as the probe's list: the pace is the budget of key (re)starts, which a
-        // burst of consistent reads must not spend.
-        let (conn, events) = self
-            .open_watch(Start::After(from), REPLAY_WATCH_SECS, false)
-            .await
-            .map_err(|source| Error::WatchStartFailed {
-                key: key.clone(),
-                source,
-            })?;
         Ok(TailWatch {
-            key,
             from,
-            _conn: conn,
-            events,
-            _gauge: WatchGauge::open(),
+            watch: ShortWatch::open(self, from, false).await?,
         })
     }
 }
