@@ -250,15 +250,15 @@ impl Freshness {
         } else {
             self.limit
         };
+        if self.tail_resting(key) {
+            return self.list_probe(key, 0).await;
+        }
         let known_large = match addr {
             Some(addr) if limit > 0 => progress(addr)
                 .await
                 .is_ok_and(|(_, len)| len as u64 > limit),
             _ => false,
         };
-        if self.tail_resting(key) {
-            return self.list_probe(key, 0).await;
-        }
         if !known_large {
             let probe = self.list_probe(key, limit).await?;
             if probe.seen != Seen::Partial {

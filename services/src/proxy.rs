@@ -178,29 +178,26 @@ pub fn upstream_target(path_and_query: &str) -> std::borrow::Cow<'_, str> {
     let Some((path, query)) = path_and_query.split_once('?') else {
         return path_and_query.into();
     };
-    let mut changed = false;
-    let pairs: Vec<std::borrow::Cow<'_, str>> = query
-        .split('&')
-        .map(|pair| {
-            if pair.contains(';') {
-                return pair.into();
-            }
-            let translated = url::form_urlencoded::parse(pair.as_bytes())
-                .next()
-                .filter(|(k, _)| k == "continue")
-                .and_then(|(_, v)| upstream_form(&v));
-            match translated {
-                Some(token) => {
-                    changed = true;
-                    format!("continue={token}").into()
-                }
-                None => pair.into(),
-            }
-        })
-        .collect();
-    if !changed {
+    let translated = |pair: &str| {
+        if pair.contains(';') {
+            return None;
+        }
+        url::form_urlencoded::parse(pair.as_bytes())
+            .next()
+            .filter(|(k, _)| k == "continue")
+            .and_then(|(_, v)| upstream_form(&v))
+    };
+    // Nearly every proxied request has no kcache token: look before building anything.
+    if !query.split('&').any(|pair| translated(pair).is_some()) {
         return path_and_query.into();
     }
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match translated(pair) {
+            Some(token) => format!("continue={token}"),
+            None => pair.to_string(),
+        })
+        .collect();
     format!("{path}?{}", pairs.join("&")).into()
 }
 
