@@ -220,7 +220,8 @@ pub struct Args {
     pub objects_per_namespace: usize,
 
     /// slow, scale, kubeproxy, restart: watches in total (slow: normal + slow ones;
-    /// kubeproxy: cluster-wide Endpoints watches, one per connection; restart:
+    /// kubeproxy: kube-proxies, each one connection with its two cluster-wide watches,
+    /// EndpointSlices and Services; restart:
     /// single-object watches spread evenly over `--nodes`). Default: slow 1,000, scale
     /// 50,000, kubeproxy 5,000, restart 10,000.
     #[arg(long)]
@@ -266,10 +267,10 @@ pub struct Args {
     /// each and the median.
     #[arg(long, default_value_t = 3)]
     pub lists: usize,
-    /// kubeproxy: Services (headless), each with its own Endpoints object.
+    /// kubeproxy: Services (headless), each with its own EndpointSlice.
     #[arg(long, default_value_t = 1000)]
     pub services: usize,
-    /// kubeproxy: addresses in each Endpoints object's one subset.
+    /// kubeproxy: endpoints (one address each) in each EndpointSlice.
     #[arg(long, default_value_t = 3)]
     pub endpoint_addresses: usize,
 
