@@ -98,7 +98,7 @@ pub struct Move {
 
 /// The watcher's start: initial ADDED events (state at `initial_rv`) or events to replay.
 /// Written as the client reads; the watcher is not live until it answers
-/// `cached_object::Ready`.
+/// `Ready`.
 pub struct Start {
     pub initial: Vec<Arc<Object>>,
     pub initial_rv: u64,

@@ -7,7 +7,7 @@
 //! there are (cacheWatcher sends its initial events before reading its live channel, and
 //! only the client's timeout bounds them). Meanwhile the watcher is not live: the key
 //! sends it nothing. When the backlog is written, it tells the key the last sequence
-//! number it covered ([`cached_object::Ready`]); the key answers with the events since
+//! number it covered ([`watch_feed::Ready`]); the key answers with the events since
 //! ([`Replay`]) and makes it live once they fit in the client's buffer, or ends the watch
 //! with a 410 when its window no longer holds them.
 

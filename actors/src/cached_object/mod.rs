@@ -1,0 +1,464 @@
+//! One key's cache as an actor: it owns a [`KeyCore`] (the store, the event window, the
+//! watcher table and every decision about them, in `key_core`) and carries out what the
+//! core says — messages to watchers, replies to reads, commands to its source, events and
+//! heartbeats to the fleet — feeding back what happened to them. It is the only writer of
+//! its store, as kube-rs's reflector `Writer`, and the only place the key's links live.
+
+mod key_core;
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use tokio::sync::oneshot;
+use tokio_stream::wrappers::ReceiverStream;
+
+pub use self::key_core::{Error, HandedOver, Result, Snapshot};
+use self::key_core::{Input, KeyCore, Output, Settings, Status, Watch};
+use crate::config::CacheConfig;
+use crate::core::key::Key;
+use crate::feed::{
+    KeyStatus, OwnerSnapshot, Role, SourceCmd, SourceFactory, SourceHandle, SourceMsg,
+    TakeSnapshot, UpstreamFeed,
+};
+use crate::listener::{Listener, Publish};
+use crate::metrics as m;
+use crate::watch_feed::{KeyLink, Subscribe, ToKey, ToWatcher, WatcherLink};
+
+/// Read the key once it is synced and at least `min_rv` fresh: its current state, or —
+/// `at` — its state at exactly that resourceVersion (`min_rv` is then `at`).
+pub struct Read {
+    pub min_rv: u64,
+    pub at: Option<u64>,
+}
+
+impl Message for Read {
+    type Result = Result<Snapshot>;
+}
+
+/// What [`Read`] would answer if the key is synced and fresh enough now, else `None` at
+/// once (a reader that would wait gives its seat back first, then sends [`Read`]).
+pub struct TryRead {
+    pub min_rv: u64,
+    pub at: Option<u64>,
+}
+
+impl Message for TryRead {
+    type Result = Option<Result<Snapshot>>;
+}
+
+/// The key's progress RV and how many objects it holds, once synced (`None` before): what
+/// a freshness proof starts from, without copying the key's state.
+pub struct Progress;
+
+impl Message for Progress {
+    type Result = Option<(u64, usize)>;
+}
+
+/// Move live watchers to `to` (coalescing onto a covering key, or splitting back to their
+/// own): those that asked for `only_asked` when given, else all. Each gets every event up
+/// to this key's progress from here and the rest from `to`, once `to` is synced
+/// (`core::coalesce::handover_rv`). Answers how many moved and how many are left (not
+/// live yet, or `to` not far enough along): the registry asks again.
+#[derive(Message)]
+#[rtype(result = "HandedOver")]
+pub struct HandOver {
+    pub to: Key,
+    pub link: KeyLink,
+    pub to_status: Arc<KeyStatus>,
+    pub only_asked: Option<Key>,
+}
+
+impl<A, M> actix::dev::MessageResponse<A, M> for HandedOver
+where
+    A: Actor,
+    M: Message<Result = HandedOver>,
+{
+    fn handle(self, _ctx: &mut A::Context, tx: Option<actix::dev::OneshotSender<HandedOver>>) {
+        if let Some(tx) = tx {
+            let _ = tx.send(self);
+        }
+    }
+}
+
+/// Stop the key (sent by the registry after the grace period): watchers are closed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Stop;
+
+/// Close every watcher gracefully (shutdown drain): a last bookmark where allowed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Drain;
+
+type Reply = oneshot::Sender<Result<Snapshot>>;
+
+pub struct CachedObject {
+    core: KeyCore<WatcherLink, Reply>,
+    sources: Arc<dyn SourceFactory>,
+    source: Option<SourceHandle>,
+    status: Arc<KeyStatus>,
+    /// What the gauges and `status` last showed of the core (they move by differences).
+    shown: Status,
+    epoch: Instant,
+    labels: [(&'static str, String); 2],
+    /// Set while this replica owns the key in the fleet: every event goes out through it.
+    listener: Option<Addr<Listener>>,
+    /// Set while this replica reads the key upstream as its fleet owner (or locally): the
+    /// commands go straight to that read instead of through the fleet source.
+    upstream_commands: Option<tokio::sync::mpsc::Sender<SourceCmd>>,
+}
+
+impl CachedObject {
+    pub fn new(
+        key: Key,
+        cfg: Arc<CacheConfig>,
+        sources: Arc<dyn SourceFactory>,
+        status: Arc<KeyStatus>,
+    ) -> Self {
+        let labels = [
+            ("group", key.resource.group.clone()),
+            ("resource", key.resource.resource.clone()),
+        ];
+        let core = KeyCore::new(key, Settings::of(&cfg));
+        CachedObject {
+            shown: core.status(),
+            core,
+            sources,
+            source: None,
+            status,
+            epoch: Instant::now(),
+            labels,
+            listener: None,
+            upstream_commands: None,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Feeds the core one input and carries out what it says, with the inputs that
+    /// carrying out gives back (a full buffer, a refused command), in order; `to` is the
+    /// key watchers move to, for a handover.
+    fn run(
+        &mut self,
+        input: Input<WatcherLink, Reply>,
+        to: Option<(&Key, &KeyLink)>,
+    ) -> HandedOver {
+        let mut handed = HandedOver::default();
+        let mut inputs = VecDeque::from([input]);
+        while let Some(input) = inputs.pop_front() {
+            let now = self.now_ms();
+            for output in self.core.apply(now, input) {
+                match output {
+                    Output::ToWatcher { id, msg } => {
+                        if let Some(link) = self.core.link(id) {
+                            link.do_send(msg);
+                        }
+                    }
+                    Output::Final { link, msg } => link.do_send(msg),
+                    Output::Offer { id, event } => {
+                        let Some(link) = self.core.link(id) else {
+                            continue;
+                        };
+                        // A closed one is stopping: its Unsubscribe is on the way.
+                        if let Err(SendError::Full(_)) = link.try_send(ToWatcher::Dispatch(event)) {
+                            inputs.push_back(Input::Full { id });
+                        }
+                    }
+                    Output::Bookmark { id, rv } => {
+                        if let Some(link) = self.core.link(id) {
+                            let _ = link.try_send(ToWatcher::Bookmark { rv });
+                        }
+                    }
+                    Output::Reply(reply, result) => {
+                        let _ = reply.send(result);
+                    }
+                    Output::Command(cmd) => {
+                        if !self.command(cmd) {
+                            inputs.push_back(Input::Refused(cmd));
+                        } else if cmd == SourceCmd::Probe {
+                            metrics::counter!(m::PROBES, &self.labels).increment(1);
+                        }
+                    }
+                    Output::Publish(event) => self.publish(Publish::Event(event)),
+                    Output::Heartbeat { seq, rv } => self.publish(Publish::Heartbeat { seq, rv }),
+                    Output::Move { link, after_rv } => match to {
+                        Some((key, key_link)) => {
+                            link.do_send(ToWatcher::Move(crate::watch_feed::Move {
+                                key: key.clone(),
+                                link: key_link.clone(),
+                                after_rv,
+                            }))
+                        }
+                        // Only a handover moves watchers, and it names where to.
+                        None => debug_assert!(false, "a move without a handover"),
+                    },
+                    Output::HandedOver(h) => handed = h,
+                }
+            }
+        }
+        self.show_status();
+        handed
+    }
+
+    fn publish(&self, msg: Publish) {
+        let Some(listener) = &self.listener else {
+            return;
+        };
+        let event = matches!(msg, Publish::Event(_));
+        // A heartbeat lost to a full queue is followed by the next one.
+        if let (true, Err(SendError::Full(_))) = (event, listener.try_send(msg)) {
+            metrics::counter!(m::FLEET_LISTENER_DROPS).increment(1);
+        }
+    }
+
+    /// Sends a command to whoever reads the key: the upstream read this replica runs, or
+    /// else its source. `false` when it cannot take one now.
+    fn command(&self, cmd: SourceCmd) -> bool {
+        match &self.upstream_commands {
+            Some(tx) => tx.try_send(cmd).is_ok(),
+            None => self
+                .source
+                .as_ref()
+                .is_some_and(|src| src.commands.try_send(cmd).is_ok()),
+        }
+    }
+
+    /// Shows the core's state to the registry and `/debug/keys` (`KeyStatus`) and moves
+    /// the gauges by what changed.
+    fn show_status(&mut self) {
+        let now = self.core.status();
+        let was = std::mem::replace(&mut self.shown, now);
+        let s = &self.status;
+        s.progress.store(now.progress, Ordering::Relaxed);
+        s.replayable_from
+            .store(now.replayable_from, Ordering::Relaxed);
+        s.objects.store(now.objects, Ordering::Relaxed);
+        s.watchers.store(now.watchers, Ordering::Relaxed);
+        if now.synced && !was.synced {
+            s.synced.store(true, Ordering::Relaxed);
+            metrics::gauge!(m::SYNCED_KEYS).increment(1.0);
+        }
+        if now.objects != was.objects {
+            metrics::gauge!(m::CACHED_OBJECTS).increment(now.objects as f64 - was.objects as f64);
+        }
+        if now.window_events != was.window_events {
+            metrics::gauge!(m::WINDOW_EVENTS)
+                .increment(now.window_events as f64 - was.window_events as f64);
+        }
+        if self.listener.is_some() && now.seq != was.seq {
+            s.update_fleet(|f| f.seq = now.seq);
+        }
+    }
+
+    fn on_role(&mut self, role: Role, ctx: &mut Context<Self>) {
+        match role {
+            Role::Owner {
+                epoch,
+                listener,
+                heartbeat,
+                upstream,
+            } => {
+                let seq = self.core.status().seq;
+                tracing::info!(key = %self.core.key(), epoch, seq, "publishing the key's events as its owner");
+                self.listener = Some(listener);
+                self.status.update_fleet(|f| f.seq = seq);
+                self.run(Input::Publishing(Some(heartbeat.as_millis() as u64)), None);
+                if let Some(upstream) = upstream {
+                    self.read_upstream(upstream, ctx);
+                }
+            }
+            Role::Local { upstream } => {
+                self.listener = None;
+                self.run(Input::Publishing(None), None);
+                self.read_upstream(upstream, ctx);
+            }
+            Role::Mirror => {
+                self.listener = None;
+                self.upstream_commands = None;
+                self.run(Input::Publishing(None), None);
+            }
+        }
+    }
+
+    /// Reads an upstream read's messages directly (they end when the fleet source stops it).
+    fn read_upstream(&mut self, upstream: UpstreamFeed, ctx: &mut Context<Self>) {
+        self.upstream_commands = Some(upstream.commands);
+        ctx.add_stream(ReceiverStream::new(upstream.events));
+    }
+}
+
+/// A list of at least this many objects leaves enough freed memory behind to trim.
+const LARGE_LIST: usize = 10_000;
+
+impl Actor for CachedObject {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        metrics::gauge!(m::CACHED_KEYS).increment(1.0);
+        let (handle, events) =
+            self.sources
+                .start(self.core.key(), &self.status, ctx.address().recipient());
+        self.source = Some(handle);
+        ctx.add_stream(ReceiverStream::new(events));
+        ctx.run_interval(Duration::from_millis(250), |act, _| {
+            act.run(Input::Tick, None);
+        });
+    }
+
+    fn stopped(&mut self, _ctx: &mut Self::Context) {
+        self.run(Input::Stop, None);
+        metrics::gauge!(m::CACHED_KEYS).decrement(1.0);
+        if self.shown.synced {
+            metrics::gauge!(m::SYNCED_KEYS).decrement(1.0);
+        }
+        metrics::gauge!(m::CACHED_OBJECTS).decrement(self.shown.objects as f64);
+        metrics::gauge!(m::WINDOW_EVENTS).decrement(self.shown.window_events as f64);
+        // Dropping the handle aborts the source task (and its upstream watch).
+        self.source = None;
+        tracing::debug!(key = %self.core.key(), "key stopped");
+    }
+}
+
+impl StreamHandler<SourceMsg> for CachedObject {
+    fn handle(&mut self, msg: SourceMsg, ctx: &mut Self::Context) {
+        match msg {
+            SourceMsg::Listed { items, rv, gap } => {
+                let large = items.len() >= LARGE_LIST;
+                self.run(Input::Listed { items, rv, gap }, None);
+                if large {
+                    // The list's vector and the objects it replaced are freed: return the holes.
+                    crate::memory::release_freed();
+                }
+            }
+            SourceMsg::Event { kind, object, rv } => {
+                self.run(Input::Event { kind, object, rv }, None);
+            }
+            SourceMsg::Progress { rv } => {
+                self.run(Input::Progress { rv }, None);
+            }
+            SourceMsg::Replayed { from, replay } => {
+                self.run(Input::Replayed { from, replay }, None);
+            }
+            SourceMsg::Role(role) => self.on_role(role, ctx),
+            SourceMsg::Unhealthy { error } => {
+                // Reads keep being served from what is cached; a probe in flight is lost.
+                self.run(Input::SourceUnhealthy, None);
+                tracing::debug!(key = %self.core.key(), %error, "source unhealthy");
+            }
+        }
+    }
+
+    // The default `finished` stops the actor; a source only ends when it is dropped, and
+    // the key's lifetime belongs to the registry, so do nothing here.
+    fn finished(&mut self, _ctx: &mut Self::Context) {}
+}
+
+impl Handler<TakeSnapshot> for CachedObject {
+    type Result = Option<OwnerSnapshot>;
+
+    fn handle(&mut self, msg: TakeSnapshot, _ctx: &mut Self::Context) -> Self::Result {
+        self.core.owner_snapshot(msg.since)
+    }
+}
+
+impl Handler<Read> for CachedObject {
+    type Result = ResponseFuture<Result<Snapshot>>;
+
+    fn handle(&mut self, msg: Read, _ctx: &mut Self::Context) -> Self::Result {
+        let (reply, rx) = oneshot::channel();
+        self.run(
+            Input::Read {
+                min_rv: msg.min_rv,
+                at: msg.at,
+                reply,
+            },
+            None,
+        );
+        let key = self.core.key().to_string();
+        Box::pin(async move { rx.await.unwrap_or(Err(Error::Stopping { key })) })
+    }
+}
+
+impl Handler<TryRead> for CachedObject {
+    type Result = Option<Result<Snapshot>>;
+
+    fn handle(&mut self, msg: TryRead, _ctx: &mut Self::Context) -> Self::Result {
+        self.core.try_read(msg.min_rv, msg.at)
+    }
+}
+
+impl Handler<Progress> for CachedObject {
+    type Result = Option<(u64, usize)>;
+
+    fn handle(&mut self, _msg: Progress, _ctx: &mut Self::Context) -> Self::Result {
+        self.core.progress()
+    }
+}
+
+impl Handler<ToKey> for CachedObject {
+    type Result = ();
+
+    fn handle(&mut self, msg: ToKey, _ctx: &mut Self::Context) {
+        let input = match msg {
+            ToKey::Subscribe(sub) => Input::Subscribe(self.watch(sub)),
+            ToKey::Ready(ready) => Input::Ready(ready),
+            ToKey::Unsubscribe { id } => Input::Unsubscribe { id },
+        };
+        self.run(input, None);
+    }
+}
+
+impl CachedObject {
+    /// A subscription as the core takes it: its deadline on the key's clock.
+    fn watch(&self, sub: Subscribe) -> Watch<WatcherLink> {
+        let now = self.now_ms();
+        Watch {
+            id: sub.id,
+            link: sub.link,
+            plan: sub.plan,
+            allow_bookmarks: sub.allow_bookmarks,
+            deadline_ms: sub
+                .deadline
+                .map(|d| now + d.saturating_duration_since(Instant::now()).as_millis() as u64),
+            asked: sub.asked,
+        }
+    }
+}
+
+impl Handler<HandOver> for CachedObject {
+    type Result = HandedOver;
+
+    fn handle(&mut self, msg: HandOver, _ctx: &mut Self::Context) -> HandedOver {
+        let to_synced = msg.to_status.synced.load(Ordering::Relaxed);
+        let input = Input::HandOver {
+            only_asked: msg.only_asked.clone(),
+            to_synced,
+        };
+        let handed = self.run(input, Some((&msg.to, &msg.link)));
+        if handed.moved > 0 {
+            tracing::info!(key = %self.core.key(), to = %msg.to, moved = handed.moved, left = handed.left, "watchers handed over");
+        }
+        handed
+    }
+}
+
+impl Handler<Stop> for CachedObject {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Stop, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}
+
+impl Handler<Drain> for CachedObject {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Drain, _ctx: &mut Self::Context) {
+        self.run(Input::Drain, None);
+    }
+}
