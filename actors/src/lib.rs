@@ -17,6 +17,7 @@ pub mod body;
 pub mod cached_object;
 pub mod config;
 pub mod core;
+pub mod dispatch_budget;
 pub mod feed;
 pub mod fleet;
 pub mod health;

@@ -10,6 +10,7 @@ pub const UPSTREAM_CONNECTIONS: &str = "kcache_upstream_connections";
 pub const EVENTS_RECEIVED: &str = "kcache_watch_cache_events_received_total";
 pub const EVENTS_DISPATCHED: &str = "kcache_watch_cache_events_dispatched_total";
 pub const TERMINATED_WATCHERS: &str = "kcache_terminated_watchers_total";
+pub const DISPATCH_WAITS: &str = "kcache_watcher_dispatch_waits_total";
 pub const WINDOW_EVENTS: &str = "kcache_watch_cache_window_events";
 pub const CACHED_OBJECTS: &str = "kcache_cached_objects";
 pub const UPSTREAM_LISTS: &str = "kcache_upstream_lists_total";
@@ -89,6 +90,10 @@ pub fn describe() {
         TERMINATED_WATCHERS,
         "Watchers closed because they did not keep up with their events."
     );
+    describe_counter!(
+        DISPATCH_WAITS,
+        "Live events that found a watcher's client buffer full and waited on the resource's dispatch budget, by outcome: caught_up, closed (the wait ran out), no_budget (closed at once)."
+    );
     describe_gauge!(WINDOW_EVENTS, "Events held in keys' replay windows.");
     describe_gauge!(CACHED_OBJECTS, "Objects held in keys' stores.");
     describe_counter!(
@@ -150,7 +155,13 @@ pub fn describe() {
         PROTOBUF_UNENCODABLE,
         "Protobuf answers kcache could not make because an object has a field its schema (Kubernetes v1.20.2) lacks: gets and lists proxied, watches ended with an error; the resource is served as JSON from then on."
     );
+    for outcome in DISPATCH_WAIT_OUTCOMES {
+        metrics::counter!(DISPATCH_WAITS, "outcome" => outcome).increment(0);
+    }
 }
+
+/// `kcache_watcher_dispatch_waits_total`'s outcomes.
+pub const DISPATCH_WAIT_OUTCOMES: [&str; 3] = ["caught_up", "closed", "no_budget"];
 
 /// The per-resource series dashboards and alerts read, registered at zero for one cached
 /// resource (`group`, `resource` as its keys label them): called for each resource once

@@ -29,6 +29,7 @@ use crate::core::key_machine::Cursor;
 use crate::core::object::{EventType, Object};
 use crate::core::proto::Codec;
 use crate::core::rv::WatchPlan;
+use crate::dispatch_budget::DispatchBudget;
 use crate::metrics as m;
 use crate::registry::{Moved, Registry, Release};
 use crate::watch_feed::{CloseReason, KeyLink, Move, Ready, Start, Subscribe, ToKey, ToWatcher};
@@ -121,6 +122,9 @@ pub struct WatcherSpec {
     pub registry: Addr<Registry>,
     /// Mailbox capacity for events from the CachedObject.
     pub mailbox: usize,
+    /// The resource's dispatch budget: how long a live event may wait for room in the
+    /// client's buffer before the watch is closed as too slow.
+    pub budget: Arc<DispatchBudget>,
     /// Write a bare newline when nothing was written for this long (see
     /// `CacheConfig::watch_keepalive_secs`).
     pub keepalive: Duration,
@@ -137,6 +141,8 @@ enum Item {
     Event(Arc<StoreEvent>),
     /// A last line (an in-stream error), after which the watch ends.
     Final(Bytes),
+    /// A live event's line, at its RV, that found the client's buffer full (`stall`).
+    Line(Bytes, u64),
 }
 
 pub struct Watcher {
@@ -148,6 +154,9 @@ pub struct Watcher {
     backlog_seq: u64,
     /// Waiting for room in the body to write more of the backlog.
     waiting_for_room: bool,
+    /// A live event found the client's buffer full: when the wait for room began and how
+    /// much of the dispatch budget it took.
+    stalled: Option<(Instant, Duration)>,
     /// The key sends this watcher its events and bookmarks.
     live: bool,
     /// The never-go-back rules: the RV floor, the last sequence handled (replay and live
@@ -182,6 +191,7 @@ impl Watcher {
             backlog: std::collections::VecDeque::new(),
             backlog_seq: 0,
             waiting_for_room: false,
+            stalled: None,
             live: false,
             started: false,
             closing: false,
@@ -256,11 +266,41 @@ impl Watcher {
             self.unencodable(ctx);
             return false;
         };
+        if self.live && self.spec.body.room() == 0 && !self.closing {
+            return self.stall(line, ev.rv, ctx);
+        }
         let pushed = self.push(line, ctx);
         if pushed {
             self.cursor.sent(ev.rv);
         }
         pushed
+    }
+
+    /// A live event found the client's buffer full. As the cacher's dispatch, wait for
+    /// room at most what the resource's budget has left: the line waits at the head of the
+    /// backlog (later events queue behind it, bounded by the mailbox size), and the watch
+    /// is closed as too slow when the budget is empty or the wait runs out. A client that
+    /// was only a moment behind keeps its watch.
+    fn stall(&mut self, line: Bytes, rv: u64, ctx: &mut Context<Self>) -> bool {
+        let wait = self.spec.budget.take();
+        if wait.is_zero() {
+            metrics::counter!(m::DISPATCH_WAITS, "outcome" => "no_budget").increment(1);
+            self.too_slow(ctx);
+            return false;
+        }
+        let since = Instant::now();
+        self.stalled = Some((since, wait));
+        self.backlog.push_back(Item::Line(line, rv));
+        ctx.run_later(wait, move |act, ctx| {
+            // Still the same wait, and the backlog not written: the budget is spent.
+            if act.stalled.is_some_and(|(s, _)| s == since) {
+                act.stalled = None;
+                metrics::counter!(m::DISPATCH_WAITS, "outcome" => "closed").increment(1);
+                act.too_slow(ctx);
+            }
+        });
+        self.drain(ctx);
+        true
     }
 
     /// Writes the backlog while the client's buffer has room, waits for room when it has
@@ -309,8 +349,21 @@ impl Watcher {
                     ctx.stop();
                     return;
                 }
+                Some(Item::Line(line, rv)) => {
+                    let pushed = self.push(line, ctx);
+                    if pushed {
+                        self.cursor.sent(rv);
+                    }
+                }
                 None => {}
             }
+        }
+        if let Some((since, wait)) = self.stalled.take() {
+            // Caught up within the wait: what it did not use goes back to the others.
+            self.spec
+                .budget
+                .give_back(wait.saturating_sub(since.elapsed()));
+            metrics::counter!(m::DISPATCH_WAITS, "outcome" => "caught_up").increment(1);
         }
         // Shrink what a 20,000-object start left behind.
         self.backlog = std::collections::VecDeque::new();
@@ -531,7 +584,13 @@ impl Handler<ToWatcher> for Watcher {
             }
             ToWatcher::Dispatch(ev) => self.on_dispatch(ev, ctx),
             ToWatcher::Bookmark { rv } => {
-                if self.live && self.backlog.is_empty() && self.spec.allow_bookmarks {
+                // Dropped when the client's buffer is full, as the cacher's bookmarks
+                // are: another comes, and a full buffer is no reason to close the watch.
+                if self.live
+                    && self.backlog.is_empty()
+                    && self.spec.allow_bookmarks
+                    && self.spec.body.room() > 0
+                {
                     self.bookmark(rv, false, ctx);
                 }
             }
@@ -649,6 +708,183 @@ impl Watcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    mod dispatch_budget {
+        use super::*;
+        use crate::config::CacheConfig;
+        use crate::core::key::{ResourceType, Scope};
+        use crate::core::object::Object;
+        use crate::feed::{KeyStatus, SourceFactory, SourceHandle, SourceMsg, TakeSnapshot};
+        use crate::watch_feed::{Replay, Start};
+        use futures::StreamExt;
+        use tokio::sync::mpsc;
+
+        /// The registry of these tests starts no key: a watcher only releases into it.
+        struct NoSources;
+
+        impl SourceFactory for NoSources {
+            fn start(
+                &self,
+                _key: &Key,
+                _status: &Arc<KeyStatus>,
+                _snapshots: Recipient<TakeSnapshot>,
+            ) -> (SourceHandle, mpsc::Receiver<SourceMsg>) {
+                panic!("the watcher tests start no key")
+            }
+        }
+
+        /// A key that starts every watch empty and makes it live at once: the watcher's
+        /// side of the protocol is what these tests look at.
+        #[derive(Default)]
+        struct EmptyKey {
+            link: Option<crate::watch_feed::WatcherLink>,
+        }
+
+        impl Actor for EmptyKey {
+            type Context = Context<Self>;
+        }
+
+        impl Handler<ToKey> for EmptyKey {
+            type Result = ();
+
+            fn handle(&mut self, msg: ToKey, _ctx: &mut Context<Self>) {
+                match msg {
+                    ToKey::Subscribe(sub) => {
+                        sub.link.do_send(ToWatcher::Start(Start {
+                            initial: Vec::new(),
+                            initial_rv: 1,
+                            end_bookmark: false,
+                            replay: Vec::new(),
+                            floor: 1,
+                            start_seq: 0,
+                        }));
+                        self.link = Some(sub.link);
+                    }
+                    ToKey::Ready(_) => {
+                        if let Some(link) = &self.link {
+                            link.do_send(ToWatcher::Replay(Replay {
+                                events: Vec::new(),
+                                upto_seq: 0,
+                                live: true,
+                            }));
+                        }
+                    }
+                    ToKey::Unsubscribe { .. } => {}
+                }
+            }
+        }
+
+        fn event(seq: u64) -> ToWatcher {
+            let rv = 1 + seq;
+            let object = Object::from_value(
+                crate::core::object::Schema::Generic,
+                &json!({"metadata": {"name": "s", "namespace": "n", "resourceVersion": rv.to_string()}}),
+            )
+            .expect("a valid object");
+            ToWatcher::Dispatch(Arc::new(StoreEvent::new(
+                seq,
+                rv,
+                EventType::Modified,
+                Arc::new(object),
+                None,
+            )))
+        }
+
+        /// A live watch with a client buffer of two lines over `budget`, and its body.
+        async fn live_watch(budget: Duration) -> (Addr<Watcher>, body::Body) {
+            let key = Key::new(
+                Arc::new(ResourceType::new("", "v1", "secrets", "Secret", true)),
+                Scope::Namespace("n".into()),
+            );
+            let registry = Registry::new(
+                Arc::new(CacheConfig::default()),
+                Arc::new(NoSources),
+                "test".into(),
+            )
+            .start();
+            let (tx, rx) = body::channel(2);
+            let watcher = Watcher::new(WatcherSpec {
+                key,
+                asked: None,
+                filter: Filter::everything(),
+                plan: WatchPlan {
+                    initial_events: false,
+                    initial_events_end_bookmark: false,
+                    from_rv: 1,
+                },
+                allow_bookmarks: false,
+                timeout: Duration::from_secs(60),
+                encoder: Encoder::Json,
+                body: tx,
+                cached: EmptyKey::default().start().recipient(),
+                registry,
+                mailbox: 100,
+                budget: Arc::new(DispatchBudget::with_available(budget)),
+                keepalive: Duration::from_secs(3600),
+                permit: None,
+            })
+            .start();
+            // Start, Ready, the live Replay: a few mailbox round trips.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            (watcher, rx)
+        }
+
+        /// The RVs of the lines the body yields until it ends or stays quiet for 300 ms,
+        /// and whether it ended (the watch closed).
+        async fn read_rest(rx: &mut body::Body) -> (Vec<u64>, bool) {
+            let mut rvs = Vec::new();
+            loop {
+                match tokio::time::timeout(Duration::from_millis(300), rx.next()).await {
+                    Ok(Some(Ok(line))) => {
+                        let v: serde_json::Value =
+                            serde_json::from_slice(&line).expect("a JSON event line");
+                        let rv = v["object"]["metadata"]["resourceVersion"]
+                            .as_str()
+                            .and_then(|s| s.parse().ok())
+                            .expect("an RV");
+                        rvs.push(rv);
+                    }
+                    Ok(_) => return (rvs, true),
+                    Err(_) => return (rvs, false),
+                }
+            }
+        }
+
+        #[actix_rt::test]
+        async fn a_client_a_moment_behind_keeps_its_watch_and_every_event() {
+            let (watcher, mut rx) = live_watch(Duration::from_millis(100)).await;
+            // Two fill the client's buffer; the third and fourth wait for room.
+            for seq in 1..=4 {
+                watcher.do_send(event(seq));
+            }
+            // The client reads at once, well within the 100 ms.
+            let (rvs, ended) = read_rest(&mut rx).await;
+            assert_eq!((rvs, ended), (vec![2, 3, 4, 5], false));
+            assert!(watcher.connected(), "the watch is still open");
+        }
+
+        #[actix_rt::test]
+        async fn a_client_that_does_not_read_within_the_budget_is_closed() {
+            let (watcher, mut rx) = live_watch(Duration::from_millis(100)).await;
+            for seq in 1..=3 {
+                watcher.do_send(event(seq));
+            }
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let (rvs, ended) = read_rest(&mut rx).await;
+            assert_eq!((rvs, ended), (vec![2, 3], true));
+        }
+
+        #[actix_rt::test]
+        async fn with_the_budget_spent_a_full_buffer_closes_the_watch_at_once() {
+            let (watcher, mut rx) = live_watch(Duration::ZERO).await;
+            for seq in 1..=3 {
+                watcher.do_send(event(seq));
+            }
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let (rvs, ended) = read_rest(&mut rx).await;
+            assert_eq!((rvs, ended), (vec![2, 3], true));
+        }
+    }
 
     #[test]
     fn any_client_timeout_gives_a_deadline() {

@@ -204,6 +204,7 @@ pub async fn run(
         cache: cfg.cache.clone(),
         server: cfg.server.clone(),
         fresh,
+        dispatch_budgets: Default::default(),
     });
     // Readiness opens once the API server has answered discovery for every cached
     // resource (their scope and kind) and whether it accepts anonymous requests; until

@@ -38,4 +38,6 @@ pub struct ApiState {
     pub server: ServerConfig,
     /// Freshness proofs for consistent reads served from the cache.
     pub fresh: Arc<crate::fresh::Freshness>,
+    /// Each resource's dispatch budget, shared by its watchers.
+    pub dispatch_budgets: kcache_actors::dispatch_budget::DispatchBudgets,
 }

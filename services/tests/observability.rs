@@ -583,6 +583,10 @@ const REGISTERED_AT_START: &[(&str, &[LabelValues])] = &[
     ("kcache_upstream_errors_total", &[EACH_RESOURCE]),
     ("kcache_upstream_lists_total", &[EACH_RESOURCE]),
     ("kcache_terminated_watchers_total", &[EACH_RESOURCE]),
+    (
+        "kcache_watcher_dispatch_waits_total",
+        &[("outcome", &["caught_up", "closed", "no_budget"])],
+    ),
     ("kcache_watch_expired_total", &[EACH_RESOURCE]),
     ("kcache_keys_refused_total", &[EACH_RESOURCE]),
     ("kcache_watch_cache_events_received_total", &[EACH_RESOURCE]),

@@ -6,6 +6,7 @@
 
 pub mod backfill;
 pub mod bookmark;
+pub mod budget;
 pub mod coalesce;
 pub mod cover;
 pub mod dispatch_index;

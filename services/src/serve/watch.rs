@@ -127,7 +127,9 @@ pub async fn watch(
     let asked = (held.key != key).then(|| Box::new(key));
     // Start the watcher on this worker's arbiter. Until its first event the client sees the
     // response head and waits, as with the API server.
+    let budget = state.dispatch_budgets.of(&held.key.resource);
     actix::Actor::start(Watcher::new(WatcherSpec {
+        budget,
         key: held.key,
         asked,
         filter,
