@@ -568,3 +568,69 @@ async fn watching_names_that_do_not_exist_never_coalesces_their_namespace() {
     assert_eq!(k.metric("kcache_coalescings_total").await, 0.0);
     drop(watches);
 }
+
+/// Name keys whose watchers all moved to their coalesced namespace key stop at once, not
+/// after their grace period: from then on the namespace key serves every request of those
+/// names, and a name key left running would hold a second upstream watch for nothing
+/// (issue 31.4: a burst of kubelet watches kept 510 upstream watches for 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn name_keys_handed_over_to_their_coalesced_namespace_stop_at_once() {
+    let cluster = TestCluster::start().await;
+    // A grace period far longer than the test: only stopping at once passes.
+    let k = Kcache::start(
+        &cluster,
+        "[cache]\ncoalesce_min_names = 4\ncoalesce_fraction = 0.3\ngrace_period_secs = 600\n",
+    )
+    .await;
+    let admin = cluster.kube_client().await;
+    support::create_namespace(&admin, NS).await;
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), NS);
+    for i in 0..OBJECTS {
+        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("cm{i}")},
+        }))
+        .expect("cm");
+        api.create(&Default::default(), &cm).await.expect("create");
+    }
+    let http = support::http::Http::new(&k.url);
+    let mut watches = Vec::new();
+    for i in 0..6 {
+        watches.push(
+            http.watch_ok(&format!(
+                "/api/v1/namespaces/{NS}/configmaps?watch=1&fieldSelector=metadata.name%3Dcm{i}"
+            ))
+            .await,
+        );
+    }
+    eventually(
+        "the namespace key serves the names",
+        Duration::from_secs(60),
+        || async { coalesced(&k).await.as_deref() == Some("coalesced") },
+    )
+    .await;
+    eventually(
+        "the name keys stopped well within their grace period: one upstream watch",
+        Duration::from_secs(30),
+        || async { name_keys(&k).await == 0 && k.metric("kcache_upstream_watches").await == 1.0 },
+    )
+    .await;
+    // The watches went on from the namespace key: a write reaches the name's watch.
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "cm0"},
+        "data": {"after": "coalescing"},
+    }))
+    .expect("cm");
+    let rv = api
+        .replace("cm0", &Default::default(), &cm)
+        .await
+        .expect("replace")
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let want = format!("MODIFIED {NS}/cm0@{rv}");
+    let seen = events_until_quiet(&mut watches[0], Duration::from_secs(5)).await;
+    assert!(
+        seen.contains(&want),
+        "cm0's watch: want {want}, got {seen:?}"
+    );
+}

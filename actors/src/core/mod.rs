@@ -26,6 +26,7 @@ pub mod mirror;
 pub mod object;
 pub mod page;
 pub mod proto;
+pub mod refs;
 pub mod relist;
 pub mod role;
 pub mod rv;

@@ -16,6 +16,7 @@ use super::{Moved, Registry};
 use crate::cached_object::{HandOver, HandedOver};
 use crate::core::coalesce::{self, Decision, Group};
 use crate::core::key::{Key, Scope};
+use crate::core::refs::Released;
 use crate::core::subject::{key_token, member_token_prefix};
 use crate::metrics as m;
 
@@ -117,7 +118,7 @@ impl Registry {
     /// and those the big key serves for requests of theirs.
     fn watched_names(&self) -> HashMap<Key, HashSet<Key>> {
         let mut names: HashMap<Key, HashSet<Key>> = HashMap::new();
-        for (key, e) in &self.entries {
+        for (key, e) in self.keys.iter() {
             if let (Some(big), true) = (group_key(key), e.refs > 0) {
                 names.entry(big).or_default().insert(key.clone());
             }
@@ -139,9 +140,9 @@ impl Registry {
         let cluster = matches!(big.scope, Scope::Cluster);
         let (mut held, mut running) = (0, 0);
         for k in small.into_iter().flatten() {
-            match self.entries.get(k) {
+            match self.keys.get(k) {
                 Some(e) => {
-                    held += e.status.objects.load(Ordering::Relaxed) as u64;
+                    held += e.value.status.objects.load(Ordering::Relaxed) as u64;
                     running += 1;
                 }
                 None if cluster => return None,
@@ -180,10 +181,11 @@ impl Registry {
             };
             // A running, synced namespace key knows its count.
             let running = self
-                .entries
+                .keys
                 .get(&ns_key)
-                .filter(|e| e.status.synced.load(Ordering::Relaxed));
-            let own_count = running.map(|e| (e.status.objects.load(Ordering::Relaxed) as u64, now));
+                .filter(|e| e.value.status.synced.load(Ordering::Relaxed));
+            let own_count =
+                running.map(|e| (e.value.status.objects.load(Ordering::Relaxed) as u64, now));
             let c = self.coalescing.entry(ns_key.clone()).or_default();
             if own_count.is_some() {
                 c.objects = own_count;
@@ -246,14 +248,14 @@ impl Registry {
 
     fn coalesce(&mut self, ns_key: &Key, names: usize) {
         // Starting the namespace key passes the replica's key budget, as any key start.
-        if !self.entries.contains_key(ns_key) {
-            if let Err(e) = self.admit(None) {
+        if !self.keys.contains(ns_key) {
+            if let Err(e) = self.keys.admit(None) {
                 self.refused(ns_key);
                 tracing::info!(key = %ns_key, error = %e, "not coalescing: no key budget for the namespace key");
                 return;
             }
         }
-        self.acquire(ns_key.clone());
+        self.acquire(ns_key, ns_key);
         if let Some(c) = self.coalescing.get_mut(ns_key) {
             c.state = State::Coalesced;
             c.below_since_ms = None;
@@ -270,14 +272,14 @@ impl Registry {
             // runs keeps its own watchers. A name key start passes the replica's key
             // budget: past it, the name stays served by the namespace key (whose
             // watchers hold it running).
-            if !self.entries.contains_key(name) {
-                if let Err(e) = self.admit(None) {
+            if !self.keys.contains(name) {
+                if let Err(e) = self.keys.admit(None) {
                     self.refused(name);
                     tracing::info!(key = %name, error = %e, "split: name key left on the namespace key, no key budget");
                     continue;
                 }
             }
-            self.acquire(name.clone());
+            self.acquire(name, name);
             started.insert(name.clone(), false);
         }
         if let Some(c) = self.coalescing.get_mut(ns_key) {
@@ -292,10 +294,10 @@ impl Registry {
     /// Moves watchers while coalesced or splitting, and ends a split once every name key
     /// has its watchers back.
     fn carry_on(&mut self, ns_key: &Key, names: Option<&HashSet<Key>>, ctx: &mut Context<Self>) {
-        let Some(ns) = self.entries.get(ns_key) else {
+        let Some(ns) = self.keys.get(ns_key) else {
             return;
         };
-        let (ns_addr, ns_status) = (ns.addr.clone(), ns.status.clone());
+        let (ns_addr, ns_status) = (ns.value.addr.clone(), ns.value.status.clone());
         let Some(c) = self.coalescing.get(ns_key) else {
             return;
         };
@@ -303,13 +305,13 @@ impl Registry {
             State::Apart => {}
             State::Coalesced => {
                 for name in names.into_iter().flatten() {
-                    let Some(e) = self.entries.get(name) else {
+                    let Some(e) = self.keys.get(name) else {
                         continue;
                     };
-                    if e.status.watchers.load(Ordering::Relaxed) == 0 {
+                    if e.value.status.watchers.load(Ordering::Relaxed) == 0 {
                         continue;
                     }
-                    e.addr.do_send(HandOver {
+                    e.value.addr.do_send(HandOver {
                         to: ns_key.clone(),
                         link: ns_addr.clone().recipient(),
                         to_status: ns_status.clone(),
@@ -331,13 +333,13 @@ impl Registry {
                     return;
                 }
                 for (name, done) in started {
-                    let Some(e) = self.entries.get(name).filter(|_| !done) else {
+                    let Some(e) = self.keys.get(name).filter(|_| !done) else {
                         continue;
                     };
                     let hand = ns_addr.send(HandOver {
                         to: name.clone(),
-                        link: e.addr.clone().recipient(),
-                        to_status: e.status.clone(),
+                        link: e.value.addr.clone().recipient(),
+                        to_status: e.value.status.clone(),
                         only_asked: Some(name.clone()),
                     });
                     let (ns_key, name) = (ns_key.clone(), name.clone());
@@ -363,13 +365,22 @@ impl Handler<Moved> for Registry {
     type Result = ();
 
     fn handle(&mut self, msg: Moved, ctx: &mut Self::Context) {
-        self.acquire(msg.to.clone());
-        if msg.asked != msg.to {
-            if let Some(e) = self.entries.get_mut(&msg.to) {
-                *e.covering.entry(msg.asked.clone()).or_default() += 1;
+        self.acquire(&msg.to, &msg.asked);
+        // A name key whose watchers all moved to its coalesced namespace key is stopped at
+        // once: the namespace key serves every request of the name from now on, so the
+        // grace period would only keep a second upstream watch open for nothing.
+        let into_coalesced = group_key(&msg.from).as_ref() == Some(&msg.to)
+            && self
+                .coalescing
+                .get(&msg.to)
+                .is_some_and(Coalescing::coalesced);
+        match self.keys.release(&msg.from, &msg.asked) {
+            Released::Idle { generation } if into_coalesced => {
+                self.stop_now(msg.from.clone(), generation, ctx)
             }
+            Released::Idle { generation } => self.schedule_stop(msg.from.clone(), generation, ctx),
+            Released::Held | Released::Unknown => {}
         }
-        self.release(&msg.from, &msg.asked, ctx);
         let r = &msg.to.resource;
         metrics::counter!(m::COALESCE_MOVED_WATCHERS, "group" => r.group.clone(), "resource" => r.resource.clone()).increment(1);
     }

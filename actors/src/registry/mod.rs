@@ -25,26 +25,21 @@ use crate::core::cover::{self, KeyState};
 use crate::core::holds::{Holds, OnHold, OnTimer};
 use crate::core::interest::Interest;
 use crate::core::key::Key;
+use crate::core::refs::{Grace, Limits, Refs, Released};
 use crate::core::subject::key_token;
 use crate::feed::{KeyStatus, RoleKind, SourceFactory};
 use crate::fleet::interest::{Gossip, RemoteInterest};
 
-struct Entry {
+pub use crate::core::refs::Error;
+
+/// A running key as the registry holds it, beside its references (`core::refs`).
+struct Slot {
     addr: Addr<CachedObject>,
-    /// The user whose request started the key; it counts against their budget until the
-    /// key stops.
-    creator: Option<String>,
     /// The key's NATS token (fleet interest and ownership).
     token: String,
-    refs: usize,
-    /// References taken for requests of other keys this one covers (`core::cover`), by
-    /// the key asked for: included in `refs`, shown in `/debug/keys`.
-    covering: HashMap<Key, usize>,
     /// Reads' holds on this key, by the key asked: one reference each, renewed by every
     /// read (`core::holds`).
     holds: Holds<Key>,
-    /// Bumped on every release to zero, so a stale grace timer does nothing.
-    generation: u64,
     status: Arc<KeyStatus>,
 }
 
@@ -53,12 +48,11 @@ pub struct Registry {
     /// Where keys run (`cache.arbiters`); empty: on the registry's own arbiter.
     arbiters: Arbiters,
     sources: Arc<dyn SourceFactory>,
-    entries: HashMap<Key, Entry>,
+    /// The running keys, their references, budgets and grace periods (`core::refs`).
+    keys: Refs<Slot>,
     replica: String,
     /// In a fleet: the interest channel, and every replica's refcounts by key.
     fleet: Option<FleetInterest>,
-    /// Keys started and held per user (`cache.max_keys_per_user`).
-    keys_by_user: HashMap<String, usize>,
     /// Adaptive coalescing, by namespace key (`coalesce`).
     coalescing: HashMap<Key, coalesce::Coalescing>,
     started: std::time::Instant,
@@ -115,25 +109,18 @@ impl FleetInterest {
     }
 }
 
-/// A request would start a key past `cache.max_keys` or `cache.max_keys_per_user`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Error {
-    #[error("too many cached keys on this replica (limit {limit})")]
-    TooManyKeys { limit: usize },
-    #[error("too many cached keys started by user {user:?} (limit {limit})")]
-    TooManyKeysForUser { user: String, limit: usize },
-}
-
 impl Registry {
     pub fn new(cfg: Arc<CacheConfig>, sources: Arc<dyn SourceFactory>, replica: String) -> Self {
         Registry {
             arbiters: Arbiters::spawn(cfg.arbiters),
+            keys: Refs::new(Limits {
+                max_keys: cfg.max_keys,
+                max_keys_per_user: cfg.max_keys_per_user,
+            }),
             cfg,
             sources,
-            entries: HashMap::new(),
             replica,
             fleet: None,
-            keys_by_user: HashMap::new(),
             coalescing: HashMap::new(),
             started: std::time::Instant::now(),
         }
@@ -159,12 +146,12 @@ impl Registry {
             return;
         };
         let keys: Vec<(String, u64)> = self
-            .entries
+            .keys
             .values()
-            .map(|e| (e.token.clone(), e.refs as u64))
+            .map(|e| (e.value.token.clone(), e.refs as u64))
             .collect();
         let covered: Vec<(String, u64)> = self
-            .entries
+            .keys
             .values()
             .flat_map(|e| e.covering.iter())
             .filter(|(k, n)| **n > 0 && coalesce::group_key(k).is_some())
@@ -187,34 +174,26 @@ impl Registry {
     /// keeps the upstream watch while other replicas hold references.
     fn schedule_stop(&mut self, key: Key, generation: u64, ctx: &mut Context<Self>) {
         ctx.run_later(self.cfg.grace_period(), move |act, ctx| {
-            let Some(e) = act.entries.get(&key) else {
-                return;
-            };
-            if e.refs != 0 || e.generation != generation {
-                return;
-            }
-            if let Some(fleet) = &act.fleet {
-                let owned = e.status.fleet().role == Some(RoleKind::Owner);
-                if owned && fleet.others(&e.token) > 0 {
-                    act.schedule_stop(key, generation, ctx);
-                    return;
-                }
-            }
-            if let Some(e) = act.entries.remove(&key) {
-                tracing::info!(key = %key, "no references left after the grace period; stopping key");
-                act.forget_creator(e.creator.as_deref());
-                e.addr.do_send(Stop);
-            }
+            act.stop_now(key, generation, ctx)
         });
     }
 
-    fn forget_creator(&mut self, creator: Option<&str>) {
-        if let Some(user) = creator {
-            if let Some(n) = self.keys_by_user.get_mut(user) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    self.keys_by_user.remove(user);
-                }
+    /// Stops a key idle since `generation` now, unless a reference came back or the
+    /// fleet still needs it (then it gets another grace period).
+    fn stop_now(&mut self, key: Key, generation: u64, ctx: &mut Context<Self>) {
+        let (keys, fleet) = (&mut self.keys, &self.fleet);
+        let keep = |e: &crate::core::refs::Entry<Slot>| {
+            fleet.as_ref().is_some_and(|fleet| {
+                e.value.status.fleet().role == Some(RoleKind::Owner)
+                    && fleet.others(&e.value.token) > 0
+            })
+        };
+        match keys.grace_over(&key, generation, keep) {
+            Grace::Nothing => {}
+            Grace::Again => self.schedule_stop(key, generation, ctx),
+            Grace::Stop(slot) => {
+                tracing::info!(key = %key, "no references left; stopping key");
+                slot.addr.do_send(Stop);
             }
         }
     }
@@ -226,35 +205,15 @@ impl Registry {
             .increment(1);
     }
 
-    /// Whether `user` may start one more key.
-    fn admit(&self, user: Option<&str>) -> Result<(), Error> {
-        let cfg = &self.cfg;
-        if cfg.max_keys > 0 && self.entries.len() >= cfg.max_keys {
-            return Err(Error::TooManyKeys {
-                limit: cfg.max_keys,
-            });
-        }
-        if let Some(user) = user {
-            let held = self.keys_by_user.get(user).copied().unwrap_or(0);
-            if cfg.max_keys_per_user > 0 && held >= cfg.max_keys_per_user {
-                return Err(Error::TooManyKeysForUser {
-                    user: user.to_string(),
-                    limit: cfg.max_keys_per_user,
-                });
-            }
-        }
-        Ok(())
-    }
-
     fn now_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }
 
     /// How far along `key` is here.
     fn state(&self, key: &Key) -> KeyState {
-        match self.entries.get(key) {
+        match self.keys.get(key) {
             None => KeyState::NotRunning,
-            Some(e) if e.status.synced.load(Ordering::Relaxed) => KeyState::Synced,
+            Some(e) if e.value.status.synced.load(Ordering::Relaxed) => KeyState::Synced,
             Some(_) => KeyState::Syncing,
         }
     }
@@ -277,10 +236,9 @@ impl Registry {
         let key = coalesced.unwrap_or_else(|| {
             cover::choose(&asked, |k| match self.state(k) {
                 KeyState::Synced if k != &asked => {
-                    let reach = self
-                        .entries
-                        .get(k)
-                        .map_or(0, |e| e.status.replayable_from.load(Ordering::Relaxed));
+                    let reach = self.keys.get(k).map_or(0, |e| {
+                        e.value.status.replayable_from.load(Ordering::Relaxed)
+                    });
                     if cover::serves_from(reach, from_rv) {
                         KeyState::Synced
                     } else {
@@ -294,10 +252,7 @@ impl Registry {
             let addr = self.acquire_for(key.clone(), user)?;
             return Ok(Held { key, addr });
         }
-        let addr = self.acquire(key.clone());
-        if let Some(e) = self.entries.get_mut(&key) {
-            *e.covering.entry(asked.clone()).or_default() += 1;
-        }
+        let addr = self.acquire(&key, &asked);
         let by = match key.scope {
             crate::core::key::Scope::Namespace(_) => "namespace",
             _ => "cluster",
@@ -310,75 +265,58 @@ impl Registry {
 
     /// A reference on `key`, starting it for `user` if needed and their budget allows.
     fn acquire_for(&mut self, key: Key, user: Option<&str>) -> Result<Addr<CachedObject>, Error> {
-        let new = !self.entries.contains_key(&key);
-        if new {
-            if let Err(e) = self.admit(user) {
+        let (cfg, arbiters, sources) = (&self.cfg, &self.arbiters, &self.sources);
+        match self
+            .keys
+            .acquire_for(&key, user, || start(cfg, arbiters, sources, &key))
+        {
+            Ok(e) => Ok(e.value.addr.clone()),
+            Err(e) => {
                 self.refused(&key);
-                return Err(e);
-            }
-            if let Some(user) = user {
-                *self.keys_by_user.entry(user.to_string()).or_default() += 1;
+                Err(e)
             }
         }
-        let addr = self.acquire(key.clone());
-        if let (true, Some(e)) = (new, self.entries.get_mut(&key)) {
-            e.creator = user.map(str::to_string);
-        }
-        Ok(addr)
     }
 
-    fn acquire(&mut self, key: Key) -> Addr<CachedObject> {
-        let cfg = &self.cfg;
-        let arbiters = &self.arbiters;
-        let sources = &self.sources;
-        let entry = self.entries.entry(key.clone()).or_insert_with(|| {
-            let status = Arc::new(KeyStatus::default());
-            let cached =
-                CachedObject::new(key.clone(), cfg.clone(), sources.clone(), status.clone());
-            let addr = match arbiters.for_key(&key) {
-                // The key's source task is spawned from `started`, so it runs there too.
-                Some(arbiter) => CachedObject::start_in_arbiter(arbiter, move |_| cached),
-                None => cached.start(),
-            };
-            tracing::info!(key = %key, "caching key");
-            Entry {
-                token: key_token(&key),
-                addr,
-                creator: None,
-                refs: 0,
-                covering: HashMap::new(),
-                holds: Holds::default(),
-                generation: 0,
-                status,
-            }
-        });
-        entry.refs += 1;
-        // A reference taken during the grace period cancels the pending stop.
-        entry.generation += 1;
-        entry.addr.clone()
+    /// A reference on `key` for a request of `asked` (itself or a key it serves),
+    /// starting it if needed with no budget asked: the caller decided.
+    fn acquire(&mut self, key: &Key, asked: &Key) -> Addr<CachedObject> {
+        let (cfg, arbiters, sources) = (&self.cfg, &self.arbiters, &self.sources);
+        let e = self
+            .keys
+            .acquire(key, asked, || start(cfg, arbiters, sources, key));
+        e.value.addr.clone()
     }
 
-    /// Drops a reference on `held`, taken for a request of `asked`.
+    /// Drops a reference on `held`, taken for a request of `asked`; the last one starts
+    /// the key's grace period.
     fn release(&mut self, held: &Key, asked: &Key, ctx: &mut Context<Self>) {
-        let key = held;
-        let Some(entry) = self.entries.get_mut(key) else {
-            return;
-        };
-        entry.refs = entry.refs.saturating_sub(1);
-        if asked != held {
-            if let Some(n) = entry.covering.get_mut(asked) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    entry.covering.remove(asked);
-                }
-            }
+        if let Released::Idle { generation } = self.keys.release(held, asked) {
+            self.schedule_stop(held.clone(), generation, ctx);
         }
-        if entry.refs > 0 {
-            return;
-        }
-        entry.generation += 1;
-        let generation = entry.generation;
-        self.schedule_stop(key.clone(), generation, ctx);
+    }
+}
+
+/// Starts `key`'s CachedObject on the arbiter its hash picks.
+fn start(
+    cfg: &Arc<CacheConfig>,
+    arbiters: &Arbiters,
+    sources: &Arc<dyn SourceFactory>,
+    key: &Key,
+) -> Slot {
+    let status = Arc::new(KeyStatus::default());
+    let cached = CachedObject::new(key.clone(), cfg.clone(), sources.clone(), status.clone());
+    let addr = match arbiters.for_key(key) {
+        // The key's source task is spawned from `started`, so it runs there too.
+        Some(arbiter) => CachedObject::start_in_arbiter(arbiter, move |_| cached),
+        None => cached.start(),
+    };
+    tracing::info!(key = %key, "caching key");
+    Slot {
+        token: key_token(key),
+        addr,
+        holds: Holds::default(),
+        status,
     }
 }
 
@@ -506,11 +444,10 @@ impl Handler<StopAll> for Registry {
     type Result = usize;
 
     fn handle(&mut self, _msg: StopAll, _ctx: &mut Self::Context) -> usize {
-        let n = self.entries.len();
-        for (_, e) in self.entries.drain() {
-            e.addr.do_send(Stop);
+        let n = self.keys.len();
+        for (_, slot) in self.keys.drain() {
+            slot.addr.do_send(Stop);
         }
-        self.keys_by_user.clear();
         n
     }
 }
@@ -620,9 +557,9 @@ impl Handler<Hold> for Registry {
             let (key, asked) = (h.key.clone(), msg.key);
             let now = std::time::Instant::now();
             let on_hold = self
-                .entries
+                .keys
                 .get_mut(&key)
-                .map(|e| e.holds.hold(&asked, now, msg.duration));
+                .map(|s| s.holds.hold(&asked, now, msg.duration));
             match on_hold {
                 Some(OnHold::Keep(after)) => self.check_hold(key, asked, after, ctx),
                 // The hold's reference stays; the one just taken goes back.
@@ -640,10 +577,10 @@ impl Registry {
     fn check_hold(&mut self, key: Key, asked: Key, after: Duration, ctx: &mut Context<Self>) {
         ctx.run_later(after, move |act, ctx| {
             let now = std::time::Instant::now();
-            let Some(e) = act.entries.get_mut(&key) else {
+            let Some(slot) = act.keys.get_mut(&key) else {
                 return;
             };
-            match e.holds.timer(&asked, now) {
+            match slot.holds.timer(&asked, now) {
                 OnTimer::Release => act.release(&key, &asked, ctx),
                 OnTimer::Again(after) => act.check_hold(key, asked, after, ctx),
                 OnTimer::Gone => {}
@@ -657,9 +594,9 @@ impl Handler<DrainAll> for Registry {
 
     fn handle(&mut self, _msg: DrainAll, _ctx: &mut Self::Context) -> usize {
         let mut watchers = 0;
-        for e in self.entries.values() {
-            watchers += e.status.watchers.load(Ordering::Relaxed);
-            e.addr.do_send(Drain);
+        for e in self.keys.values() {
+            watchers += e.value.status.watchers.load(Ordering::Relaxed);
+            e.value.addr.do_send(Drain);
         }
         watchers
     }
@@ -670,16 +607,16 @@ impl Handler<GetDebugKeys> for Registry {
 
     fn handle(&mut self, _msg: GetDebugKeys, _ctx: &mut Self::Context) -> Self::Result {
         let mut keys: Vec<KeyInfo> = self
-            .entries
+            .keys
             .iter()
             .map(|(k, e)| KeyInfo {
                 id: k.clone(),
                 key: k.to_string(),
                 refcount: e.refs,
-                resource_version: e.status.progress.load(Ordering::Relaxed).to_string(),
-                synced: e.status.synced.load(Ordering::Relaxed),
-                objects: e.status.objects.load(Ordering::Relaxed),
-                watchers: e.status.watchers.load(Ordering::Relaxed),
+                resource_version: e.value.status.progress.load(Ordering::Relaxed).to_string(),
+                synced: e.value.status.synced.load(Ordering::Relaxed),
+                objects: e.value.status.objects.load(Ordering::Relaxed),
+                watchers: e.value.status.watchers.load(Ordering::Relaxed),
                 covering: {
                     let coalesced = self.coalescing.get(k).is_some_and(|c| c.label().is_some());
                     let mut c: Vec<CoveredKey> = e
@@ -700,11 +637,11 @@ impl Handler<GetDebugKeys> for Registry {
                 },
                 coalescing: self.coalescing.get(k).and_then(|c| c.label()),
                 fleet: self.fleet.as_ref().map(|fleet| {
-                    let f = e.status.fleet();
+                    let f = e.value.status.fleet();
                     FleetKeyInfo {
                         role: f.role.map_or("", RoleKind::as_str),
                         owner: f.owner,
-                        fleet_refcount: fleet.total(&e.token).max(e.refs as u64),
+                        fleet_refcount: fleet.total(&e.value.token).max(e.refs as u64),
                         epoch: f.epoch,
                         seq: f.seq,
                     }
