@@ -153,7 +153,7 @@ pub fn describe() {
     );
     describe_counter!(
         PROTOBUF_UNENCODABLE,
-        "Protobuf answers kcache could not make because an object has a field its schema (Kubernetes v1.20.2) lacks: gets and lists proxied, watches ended with an error; the resource is served as JSON from then on."
+        "Protobuf answers kcache could not make because an object has a field its schema (generated from the reference Kubernetes version) lacks: gets and lists proxied, watches ended with an error; the resource is served as JSON from then on."
     );
     for outcome in DISPATCH_WAIT_OUTCOMES {
         metrics::counter!(DISPATCH_WAITS, "outcome" => outcome).increment(0);

@@ -16,8 +16,9 @@
 //! Requests go through a kube-rs client without credentials of its own (the bearer token
 //! is set per request) rather than reqwest, because reqwest's URL parser normalises
 //! paths (`%2E%2E` and `..` segments are resolved) and the point is to send odd paths as
-//! written. Only JSON is asked for: kcache refuses protobuf and YAML by design (406), so
-//! those Accept headers would only measure that known refusal.
+//! written. Only JSON is asked for: protobuf answers are judged by `protobuf.rs` (decoded,
+//! against the API server's own), and kcache forwards YAML and every other Accept it does
+//! not serve, so those headers would compare the API server with itself.
 
 mod support;
 

@@ -1,7 +1,8 @@
 //! The protobuf schema of the built-in Kubernetes types: every message's fields by JSON
 //! name and by number, and which message an API group, version and kind is.
 //!
-//! The table (`k8s.schema`) is generated from the Kubernetes v1.20.2 sources by
+//! The table (`k8s.schema`) is generated from the reference Kubernetes version's sources
+//! (its first lines name it) by `scripts/k8s/gen-proto-schema.sh` and
 //! `scripts/gen-proto-schema.py` — the `generated.proto` files, with JSON names and inlined
 //! structs read from the Go types' tags — and parsed once, at first use. Types whose JSON
 //! form is hand-written in Go (Time, Quantity, IntOrString, RawExtension …) are marked
