@@ -184,6 +184,16 @@ pub trait SourceFactory: Send + Sync + 'static {
 }
 
 /// What the registry and `/debug/keys` can see of a key without a message round trip.
+///
+/// Shared beside the messages, on purpose: the registry reads it for every request it
+/// routes (is the covering key synced, does its window reach the watch's RV) and for every
+/// key on each coalescing check and `/debug/keys`, while the keys run on other arbiters'
+/// threads. A message per read would make routing wait on the busiest key's mailbox (a
+/// key fanning out a burst of events), and the registry must never wait on a key. Only
+/// the key's CachedObject writes it (`CachedObject::show_status`, after each input) and
+/// the fleet source its `fleet` part. Readers get a value at most one input old; where it
+/// routes a request, the key still decides what it serves (its `KeyCore`): a watch routed
+/// to a covering key whose window has just moved gets that key's own 410.
 #[derive(Debug, Default)]
 pub struct KeyStatus {
     pub progress: AtomicU64,
