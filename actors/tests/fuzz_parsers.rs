@@ -278,6 +278,12 @@ proptest! {
         bookmarks in any::<bool>(),
     ) {
         let Ok(rv) = Rv::parse(rv_s.as_deref()) else { return Ok(()) };
+        // A resourceVersion with leading zeros ("00") is not "0" to the API server's list
+        // storage (it compares the string); kcache's request parser forwards such queries
+        // before any plan (`services::request`), so the core never plans them.
+        if rv == Rv::Any && rv_s.as_deref() != Some("0") {
+            return Ok(());
+        }
         for watch in [false, true] {
             let opts = rv::ListOptions {
                 watch,

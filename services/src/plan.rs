@@ -595,6 +595,10 @@ mod tests {
             ("GET", "/api/v1/nodes", "resourceVersion=0&fieldSelector=spec.unschedulable%3Dtrue", JSON, false, "serve then bypass selector"),
             ("GET", "/api/v1/pods", "resourceVersion=0&fieldSelector=spec.nodeName%3Da%2Bb", JSON, false, "serve then bypass name"),
             ("GET", "/api/v1/namespaces/a/secrets", "resourceVersion=0&resourceVersionMatch=Exact", JSON, false, "serve error 422"),
+            // "00" is not "0" to the API server's list storage (it compares the string):
+            // the request parser forwards leading zeros before any plan.
+            ("GET", "/api/v1/namespaces/a/secrets", "resourceVersion=00&resourceVersionMatch=Exact", JSON, false, "bypass query"),
+            ("GET", "/api/v1/namespaces/a/secrets", "resourceVersion=00&limit=5", JSON, false, "bypass query"),
             ("GET", "/api/v1/namespaces/a/secrets", "watch=1", JSON, false, "watch /api/v1/namespaces/a/secrets initial=true consistent=true"),
             ("GET", "/api/v1/namespaces/a/secrets", "watch=1&resourceVersion=9", JSON, false, "watch /api/v1/namespaces/a/secrets initial=false consistent=false"),
             ("GET", "/api/v1/namespaces/a/secrets", "watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true", JSON, false, "watch /api/v1/namespaces/a/secrets initial=true consistent=true"),
