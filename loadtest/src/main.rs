@@ -9,33 +9,16 @@
 //! `loadtest/run.sh` starts a fresh cluster and kcache, pins them, and runs this binary;
 //! `loadtest/standard.sh` runs the standard benchmark (scenarios 1–3) and scenario 4;
 //! `objects` (100,000 cached objects, whole-namespace lists) and `kubeproxy` (5,000
-//! cluster-wide Endpoints watches, one per connection) run on their own.
+//! kube-proxies' EndpointSlices and Services watches, one connection each) run on their own.
 //!
-//! Where things are:
-//! - [`cli`]: flags; `--scenario kubelet|informer|slow|scale|objects|kubeproxy|restart`.
-//! - [`scenario`]: the shared measuring steps ([`scenario::Session`]) and one module per
-//!   scenario, each documenting its workload.
-//! - [`watch`]: one client watch (and the slow consumer that never reads).
-//! - [`record`]: counters and write→delivery latency matching.
-//! - [`client`]: the connection model and the API server write client.
-//! - [`probe`]: RSS/CPU from `/proc`, Prometheus `/metrics` samples.
-//! - [`report`]: result types, side-by-side ratios, the printed table.
-//! - [`plot`]: latency CDF and RSS-vs-watches PNGs.
-//! - [`progress`]: the live progress line (only on a terminal).
+//! Everything it runs is in the `kcache_loadtest` library (`lib.rs` names the rooms); this
+//! binary reads the flags, runs the scenario and writes the results and plots.
 //!
 //! Latency is measured from just before the write request (always to the API server) to
 //! the event's arrival at a watching client, matched by a unique key each write puts into
-//! the object (see [`record`]).
+//! the object (see `record`).
 
-mod cli;
-mod client;
-mod plot;
-mod probe;
-mod progress;
-mod record;
-mod report;
-mod scenario;
-mod watch;
+use kcache_loadtest::{cli, client, plot, progress, report, scenario};
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

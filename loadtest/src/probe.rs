@@ -142,6 +142,31 @@ pub fn sum_samples(text: &str, name: &str) -> Option<f64> {
     found.then_some(sum)
 }
 
+/// The sum of metric `name`'s samples that have every `(label, value)` of `want`; 0 when
+/// there are none.
+pub fn sum_where(text: &str, name: &str, want: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let (labels, value) = match rest.strip_prefix('{') {
+                Some(rest) => rest.rsplit_once("} ")?,
+                None => ("", rest.strip_prefix(' ')?),
+            };
+            let has = |(k, v): &(&str, &str)| {
+                labels
+                    .split(',')
+                    .any(|kv| kv == format!("{k}=\"{v}\"").as_str())
+            };
+            want.iter()
+                .all(has)
+                .then(|| value.trim().parse::<f64>().ok())
+                .flatten()
+        })
+        // Not `sum()`: an empty float sum is -0.0.
+        .fold(0.0, |a, b| a + b)
+}
+
 /// The samples of metric `name` summed by the value of one of its labels (`label`), over
 /// the samples whose label `only.0` has the value `only.1` (all with `None`), e.g.
 /// `apiserver_longrunning_requests` by `resource` where `verb` is `WATCH`; samples without
@@ -209,6 +234,7 @@ pub async fn scrape(http: &reqwest::Client, base: &str, token: &str) -> Option<S
     let resp = http
         .get(format!("{base}/metrics"))
         .bearer_auth(token)
+        .timeout(std::time::Duration::from_secs(10))
         .send()
         .await
         .ok()?;
@@ -255,6 +281,15 @@ mod tests {
         );
         assert_eq!(sum_samples(text, "kcache_terminated_watchers_total"), None);
         assert_eq!(sum_samples("k 3\n", "k"), Some(3.0));
+        let w = "apiserver_registered_watchers";
+        assert_eq!(sum_where(text, w, &[("kind", "Pod")]), 2.0);
+        assert_eq!(sum_where(text, w, &[("group", ""), ("version", "v1")]), 102.0);
+        assert_eq!(sum_where(text, w, &[("kind", "Node")]), 0.0);
+        assert_eq!(sum_where(text, w, &[]), 102.0);
+        assert_eq!(sum_where("k 3\n", "k", &[]), 3.0);
+        // A label is matched whole: `resource` is not `subresource`.
+        let sub = "r{subresource=\"exec\",resource=\"pods\"} 1\nr{subresource=\"pods\"} 4\n";
+        assert_eq!(sum_where(sub, "r", &[("resource", "pods")]), 1.0);
         let by_kind = sum_by_label_where(text, "apiserver_registered_watchers", "kind", None);
         assert_eq!(by_kind.get("Secret"), Some(&100.0));
         assert_eq!(by_kind.get("Pod"), Some(&2.0));

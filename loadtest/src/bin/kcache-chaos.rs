@@ -9,12 +9,7 @@
 //! setup failure, a hole in the reference history, or the control clients — straight to
 //! the API server — not clean, which would make the judge suspect).
 
-#[path = "../chaos/mod.rs"]
-mod chaos;
-// The bench's readers of /metrics (`chaos::counters`); the rest of it is unused here.
-#[allow(dead_code)]
-#[path = "../probe.rs"]
-mod probe;
+use kcache_loadtest::chaos;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;

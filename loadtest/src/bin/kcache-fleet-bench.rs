@@ -27,6 +27,8 @@ use clap::Parser;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
+use kcache_loadtest::probe::{scrape, sum_where};
+
 #[derive(Parser)]
 struct Args {
     #[arg(long)]
@@ -97,40 +99,16 @@ fn http() -> reqwest::Client {
         .expect("http client")
 }
 
-async fn metrics_text(http: &reqwest::Client, base: &str, token: &str) -> Option<String> {
-    let resp = http
-        .get(format!("{base}/metrics"))
-        .bearer_auth(token)
-        .timeout(Duration::from_secs(10))
-        .send()
-        .await
-        .ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    resp.text().await.ok()
-}
-
-/// The sum of a metric's samples whose line contains every one of `labels`.
-fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| labels.iter().all(|label| l.contains(label)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 async fn metric(
     http: &reqwest::Client,
     base: &str,
     token: &str,
     name: &str,
-    labels: &[&str],
+    labels: &[(&str, &str)],
 ) -> f64 {
-    metrics_text(http, base, token)
+    scrape(http, base, token)
         .await
-        .map_or(0.0, |t| metric_sum(&t, name, labels))
+        .map_or(0.0, |t| sum_where(&t, name, labels))
 }
 
 async fn debug_keys(http: &reqwest::Client, base: &str, token: &str) -> Value {
@@ -379,13 +357,13 @@ async fn changes(http: &reqwest::Client, base: &str, token: &str) -> Option<Chan
         if attempt > 0 {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        if let Some(text) = metrics_text(http, base, token).await {
+        if let Some(text) = scrape(http, base, token).await {
             let mut c = [0.0; 4];
             for (slot, change) in c.iter_mut().zip(CHANGES) {
-                *slot = metric_sum(
+                *slot = sum_where(
                     &text,
                     "kcache_fleet_ownership_changes_total",
-                    &[&format!("change=\"{change}\"")],
+                    &[("change", change)],
                 );
             }
             return Some(c);
@@ -981,7 +959,7 @@ async fn main() {
     }
     // The API server's Secret watches (`apiserver_registered_watchers`, which this read
     // before, was removed in 1.25).
-    let kind = &["resource=\"secrets\"", "verb=\"WATCH\""][..];
+    let kind = &[("resource", "secrets"), ("verb", "WATCH")][..];
     let baseline = metric(
         &http,
         &args.apiserver,

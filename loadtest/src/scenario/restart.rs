@@ -50,7 +50,7 @@ use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 
 use super::{between_targets, splitmix64, Ctx, ScenarioRun, Series, Target};
-use crate::probe::{self, Cpu};
+use crate::probe::{self, sum_where, Cpu};
 use crate::record::{next_seq_key, Counters, Recorder, SEQ_ANNOTATION};
 use crate::report::{Latency, TargetReport};
 
@@ -656,27 +656,6 @@ impl Reflector {
         }
         Line::Event
     }
-}
-
-/// The sum of `name`'s samples whose labels include every `(label, value)` in `want`.
-fn sum_where(text: &str, name: &str, want: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let rest = l.strip_prefix(name)?.strip_prefix('{')?;
-            let (labels, value) = rest.rsplit_once("} ")?;
-            let has = |(k, v): &(&str, &str)| {
-                labels
-                    .split(',')
-                    .any(|kv| kv == format!("{k}=\"{v}\"").as_str())
-            };
-            want.iter()
-                .all(has)
-                .then(|| value.trim().parse::<f64>().ok())
-                .flatten()
-        })
-        // Not `sum()`: an empty float sum is -0.0.
-        .fold(0.0, |a, b| a + b)
 }
 
 /// The restarted API server's LISTs of the watched kinds (in all, and by code) and the
