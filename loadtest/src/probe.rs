@@ -283,7 +283,10 @@ mod tests {
         assert_eq!(sum_samples("k 3\n", "k"), Some(3.0));
         let w = "apiserver_registered_watchers";
         assert_eq!(sum_where(text, w, &[("kind", "Pod")]), 2.0);
-        assert_eq!(sum_where(text, w, &[("group", ""), ("version", "v1")]), 102.0);
+        assert_eq!(
+            sum_where(text, w, &[("group", ""), ("version", "v1")]),
+            102.0
+        );
         assert_eq!(sum_where(text, w, &[("kind", "Node")]), 0.0);
         assert_eq!(sum_where(text, w, &[]), 102.0);
         assert_eq!(sum_where("k 3\n", "k", &[]), 3.0);
