@@ -132,6 +132,34 @@ impl Pair {
     }
 }
 
+/// A cluster with the test namespace, a kcache over it started with `config`, and the
+/// namespace's ConfigMaps.
+async fn namespace_through_kcache(config: &str) -> (TestCluster, Kcache, kube::Api<ConfigMap>) {
+    let cluster = TestCluster::start().await;
+    let k = Kcache::start(&cluster, config).await;
+    let admin = cluster.kube_client().await;
+    support::create_namespace(&admin, NS).await;
+    let api = kube::Api::namespaced(admin, NS);
+    (cluster, k, api)
+}
+
+/// Six single-object watches through `k`, of the names `{prefix}0`..`{prefix}5`, each with
+/// `query` added.
+async fn name_watches(k: &Kcache, prefix: &str, query: &str) -> Vec<support::http::Events> {
+    let http = support::http::Http::new(&k.url);
+    let mut watches = Vec::new();
+    for i in 0..6 {
+        watches.push(
+            http.watch_ok(&format!(
+                "/api/v1/namespaces/{NS}/configmaps?watch=1{query}\
+                 &fieldSelector=metadata.name%3D{prefix}{i}"
+            ))
+            .await,
+        );
+    }
+    watches
+}
+
 async fn coalesced(k: &Kcache) -> Option<String> {
     k.key_info(&format!("/api/v1/namespaces/{NS}/configmaps"))
         .await
@@ -516,27 +544,11 @@ async fn node_pod_watches_coalesce_into_the_cluster_pods_key_without_a_gap() {
 /// nothing held), not by a timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watching_names_that_do_not_exist_never_coalesces_their_namespace() {
-    let cluster = TestCluster::start().await;
-    let k = Kcache::start(
-        &cluster,
-        "[cache]\ncoalesce_min_names = 4\ncoalesce_fraction = 0.3\n",
-    )
-    .await;
-    let admin = cluster.kube_client().await;
-    support::create_namespace(&admin, NS).await;
-    let api: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), NS);
+    let (_cluster, k, api) =
+        namespace_through_kcache("[cache]\ncoalesce_min_names = 4\ncoalesce_fraction = 0.3\n")
+            .await;
     writes(&api, 10).await;
-    let http = support::http::Http::new(&k.url);
-    let mut watches = Vec::new();
-    for i in 0..6 {
-        watches.push(
-            http.watch_ok(&format!(
-                "/api/v1/namespaces/{NS}/configmaps?watch=1&resourceVersion=0\
-                 &fieldSelector=metadata.name%3Dmissing{i}"
-            ))
-            .await,
-        );
-    }
+    let watches = name_watches(&k, "missing", "&resourceVersion=0").await;
     let ns_key = format!("/api/v1/namespaces/{NS}/configmaps");
     let group = || async {
         let keys = k.debug_keys().await;
@@ -575,16 +587,11 @@ async fn watching_names_that_do_not_exist_never_coalesces_their_namespace() {
 /// (issue 31.4: a burst of kubelet watches kept 510 upstream watches for 30 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn name_keys_handed_over_to_their_coalesced_namespace_stop_at_once() {
-    let cluster = TestCluster::start().await;
     // A grace period far longer than the test: only stopping at once passes.
-    let k = Kcache::start(
-        &cluster,
+    let (_cluster, k, api) = namespace_through_kcache(
         "[cache]\ncoalesce_min_names = 4\ncoalesce_fraction = 0.3\ngrace_period_secs = 600\n",
     )
     .await;
-    let admin = cluster.kube_client().await;
-    support::create_namespace(&admin, NS).await;
-    let api: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), NS);
     for i in 0..OBJECTS {
         let cm: ConfigMap = serde_json::from_value(serde_json::json!({
             "metadata": {"name": format!("cm{i}")},
@@ -592,16 +599,7 @@ async fn name_keys_handed_over_to_their_coalesced_namespace_stop_at_once() {
         .expect("cm");
         api.create(&Default::default(), &cm).await.expect("create");
     }
-    let http = support::http::Http::new(&k.url);
-    let mut watches = Vec::new();
-    for i in 0..6 {
-        watches.push(
-            http.watch_ok(&format!(
-                "/api/v1/namespaces/{NS}/configmaps?watch=1&fieldSelector=metadata.name%3Dcm{i}"
-            ))
-            .await,
-        );
-    }
+    let mut watches = name_watches(&k, "cm", "").await;
     eventually(
         "the namespace key serves the names",
         Duration::from_secs(60),
