@@ -122,49 +122,49 @@ impl Sub for Cpu {
     }
 }
 
+/// Every sample of metric `name` in a Prometheus text exposition: its label set (what is
+/// inside the braces, empty without them) and its value. The one reader of the format
+/// the sums below share.
+fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(move |line| {
+            let rest = line.strip_prefix(name)?;
+            // Not a longer metric name with this prefix.
+            if !rest.starts_with(['{', ' ']) {
+                return None;
+            }
+            let value = line.rsplit(' ').next()?.parse::<f64>().ok()?;
+            let labels = rest
+                .strip_prefix('{')
+                .and_then(|r| r.split_once('}'))
+                .map_or("", |(l, _)| l);
+            Some((labels, value))
+        })
+}
+
+/// The value of `label` in a sample's label set, if it has it. A label is at the start or
+/// after a comma, so `kind` does not match `subkind`.
+fn label_value<'a>(labels: &'a str, label: &str) -> Option<&'a str> {
+    labels.split(',').find_map(|kv| {
+        let v = kv.strip_prefix(label)?.strip_prefix("=\"")?;
+        v.split('"').next()
+    })
+}
+
 /// The sum of every sample of metric `name` in a Prometheus text exposition (all label
 /// sets), or `None` if the metric does not appear (a counter vector that never counted).
 pub fn sum_samples(text: &str, name: &str) -> Option<f64> {
-    let mut found = false;
-    let mut sum = 0.0;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        if !rest.starts_with(['{', ' ']) {
-            continue; // a longer metric name with this prefix
-        }
-        if let Some(v) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
-            found = true;
-            sum += v;
-        }
-    }
-    found.then_some(sum)
+    samples(text, name).fold(None, |sum, (_, v)| Some(sum.unwrap_or(0.0) + v))
 }
 
 /// The sum of metric `name`'s samples that have every `(label, value)` of `want`; 0 when
 /// there are none.
 pub fn sum_where(text: &str, name: &str, want: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let rest = l.strip_prefix(name)?;
-            let (labels, value) = match rest.strip_prefix('{') {
-                Some(rest) => rest.rsplit_once("} ")?,
-                None => ("", rest.strip_prefix(' ')?),
-            };
-            let has = |(k, v): &(&str, &str)| {
-                labels
-                    .split(',')
-                    .any(|kv| kv == format!("{k}=\"{v}\"").as_str())
-            };
-            want.iter()
-                .all(has)
-                .then(|| value.trim().parse::<f64>().ok())
-                .flatten()
-        })
+    samples(text, name)
+        .filter(|(labels, _)| want.iter().all(|(k, v)| label_value(labels, k) == Some(*v)))
         // Not `sum()`: an empty float sum is -0.0.
-        .fold(0.0, |a, b| a + b)
+        .fold(0.0, |a, (_, v)| a + v)
 }
 
 /// The samples of metric `name` summed by the value of one of its labels (`label`), over
@@ -178,33 +178,12 @@ pub fn sum_by_label_where(
     only: Option<(&str, &str)>,
 ) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        if !rest.starts_with(['{', ' ']) {
-            continue;
-        }
-        let Some(v) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
-            continue;
-        };
-        let labels = rest
-            .strip_prefix('{')
-            .and_then(|r| r.split_once('}'))
-            .map_or("", |(l, _)| l);
-        // A label is at the start or after a comma (so `kind` does not match `subkind`).
-        let value_of = |label: &str| {
-            let want = format!("{label}=\"");
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(want.as_str()).map(str::to_string))
-                .and_then(|v| v.split('"').next().map(str::to_string))
-                .unwrap_or_default()
-        };
+    for (labels, v) in samples(text, name) {
+        let value_of = |label: &str| label_value(labels, label).unwrap_or_default();
         if only.is_some_and(|(l, want)| value_of(l) != want) {
             continue;
         }
-        *out.entry(value_of(label)).or_insert(0.0) += v;
+        *out.entry(value_of(label).to_string()).or_insert(0.0) += v;
     }
     out
 }
