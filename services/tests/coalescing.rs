@@ -160,6 +160,23 @@ async fn name_watches(k: &Kcache, prefix: &str, query: &str) -> Vec<support::htt
     watches
 }
 
+/// Waits until the namespace key serves the names, then until their keys have stopped
+/// (`what`) within `stop_within`, leaving one upstream watch.
+async fn coalesced_into_one_watch(k: &Kcache, stop_within: Duration, what: &str) {
+    eventually(
+        "the namespace key serves the names",
+        Duration::from_secs(60),
+        || async { coalesced(k).await.as_deref() == Some("coalesced") },
+    )
+    .await;
+    eventually(
+        &format!("{what}: one upstream watch"),
+        stop_within,
+        || async { name_keys(k).await == 0 && k.metric("kcache_upstream_watches").await == 1.0 },
+    )
+    .await;
+}
+
 async fn coalesced(k: &Kcache) -> Option<String> {
     k.key_info(&format!("/api/v1/namespaces/{NS}/configmaps"))
         .await
@@ -213,18 +230,7 @@ async fn watched_names_coalesce_into_their_namespace_and_split_back_without_a_ga
         let api = api.clone();
         tokio::spawn(async move { writes(&api, 250).await })
     };
-    eventually(
-        "the namespace key serves the names",
-        Duration::from_secs(60),
-        || async { coalesced(&k).await.as_deref() == Some("coalesced") },
-    )
-    .await;
-    eventually(
-        "the name keys stopped: one upstream watch",
-        Duration::from_secs(60),
-        || async { name_keys(&k).await == 0 && k.metric("kcache_upstream_watches").await == 1.0 },
-    )
-    .await;
+    coalesced_into_one_watch(&k, Duration::from_secs(60), "the name keys stopped").await;
     // /debug/keys says which key serves the names and why: six names, each held as one
     // object now that the namespace key serves them all. The group's figures are those of
     // the last check (every second), which may predate the last name key's stop: a name
@@ -600,16 +606,10 @@ async fn name_keys_handed_over_to_their_coalesced_namespace_stop_at_once() {
         api.create(&Default::default(), &cm).await.expect("create");
     }
     let mut watches = name_watches(&k, "cm", "").await;
-    eventually(
-        "the namespace key serves the names",
-        Duration::from_secs(60),
-        || async { coalesced(&k).await.as_deref() == Some("coalesced") },
-    )
-    .await;
-    eventually(
-        "the name keys stopped well within their grace period: one upstream watch",
+    coalesced_into_one_watch(
+        &k,
         Duration::from_secs(30),
-        || async { name_keys(&k).await == 0 && k.metric("kcache_upstream_watches").await == 1.0 },
+        "the name keys stopped well within their grace period",
     )
     .await;
     // The watches went on from the namespace key: a write reaches the name's watch.
