@@ -12,11 +12,13 @@
 //! - [`report`]: result types, side-by-side ratios, the printed table.
 //! - [`plot`]: latency CDF and RSS-vs-watches PNGs.
 //! - [`progress`]: the live progress line (only on a terminal).
+//! - [`fleet`]: the fleet bench's replicas, timed watches and writes, ownership, failover.
 //! - [`chaos`]: the fleet chaos soak's faults, clients, reference history and judge.
 
 pub mod chaos;
 pub mod cli;
 pub mod client;
+pub mod fleet;
 pub mod plot;
 pub mod probe;
 pub mod progress;
