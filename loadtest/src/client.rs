@@ -31,6 +31,39 @@ pub fn http_client(http1: bool, local: Option<IpAddr>) -> reqwest::Client {
     b.build().expect("building the HTTP client")
 }
 
+/// One node's connection, as a kubelet holds one: HTTP/2 with the protocol known up front
+/// (ALPN `h2` only), so the node's concurrent requests wait for one connection instead of
+/// racing a handshake each, as Go's HTTP/2 transport shares one dial per host. `http1`:
+/// one connection per concurrent request instead.
+pub fn node_client(http1: bool) -> reqwest::Client {
+    let b = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .pool_max_idle_per_host(1)
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(30));
+    let b = if http1 {
+        b.http1_only()
+    } else {
+        b.http2_prior_knowledge()
+    };
+    // Only fails if the TLS backend cannot initialise: not a runtime condition.
+    b.build().expect("building the HTTP client")
+}
+
+/// A plain client for setup, writes and scrapes: certificates not verified (both targets
+/// serve self-signed ones), connecting within `connect`, each request given up after
+/// `timeout` when one is given.
+pub fn insecure_client(connect: Duration, timeout: Option<Duration>) -> reqwest::Client {
+    let mut b = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .connect_timeout(connect);
+    if let Some(t) = timeout {
+        b = b.timeout(t);
+    }
+    // Only fails if the TLS backend cannot initialise: not a runtime condition.
+    b.build().expect("building the HTTP client")
+}
+
 /// The clients a set of watches is spread over: watch `i` uses connection
 /// `i / per_connection` (HTTP/2), so both targets see the same number of connections.
 pub struct ConnPool {
@@ -75,19 +108,7 @@ impl ConnPool {
         if model.http1 {
             return ConnPool::new(model, nodes * per_node);
         }
-        let clients = (0..nodes.max(1))
-            .map(|_| {
-                reqwest::Client::builder()
-                    .danger_accept_invalid_certs(true)
-                    .pool_max_idle_per_host(1)
-                    .tcp_nodelay(true)
-                    .connect_timeout(Duration::from_secs(30))
-                    .http2_prior_knowledge()
-                    .build()
-                    // Only fails if the TLS backend cannot initialise.
-                    .expect("building the HTTP client")
-            })
-            .collect();
+        let clients = (0..nodes.max(1)).map(|_| node_client(false)).collect();
         ConnPool {
             clients,
             per_connection: per_node.max(1),

@@ -35,6 +35,7 @@ use chaos::rng::Rng;
 use chaos::transport::{Endpoint, Failover};
 use chaos::truth::Truth;
 use chaos::writer::{object_name, Writer};
+use kcache_loadtest::client::insecure_client;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -130,13 +131,7 @@ fn pair(s: &str) -> Result<(String, String), BoxError> {
 /// A client that trusts the test certificates; its requests give up after `timeout`
 /// when one is given.
 fn insecure_http(timeout: Option<Duration>) -> reqwest::Client {
-    let mut b = reqwest::Client::builder()
-        .danger_accept_invalid_certs(true)
-        .connect_timeout(Duration::from_secs(3));
-    if let Some(t) = timeout {
-        b = b.timeout(t);
-    }
-    b.build().unwrap_or_default()
+    insecure_client(Duration::from_secs(3), timeout)
 }
 
 /// The clients, with the flag saying which are the control.

@@ -15,7 +15,7 @@
 //! deriving JSON as serde_json writing the k8s-openapi typed object (a lower bound: a
 //! protobuf→JSON transcoder also has to decode).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Parser;
@@ -43,10 +43,7 @@ struct Args {
 }
 
 fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .danger_accept_invalid_certs(true)
-        .build()
-        .expect("HTTP client")
+    kcache_loadtest::client::insecure_client(Duration::from_secs(30), None)
 }
 
 async fn post(a: &Args, path: &str, body: Value) {

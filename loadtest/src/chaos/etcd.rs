@@ -66,10 +66,7 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
 impl Etcd {
     pub fn new(base: &str) -> Etcd {
         Etcd {
-            http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(5))
-                .build()
-                .unwrap_or_default(),
+            http: crate::client::insecure_client(Duration::from_secs(5), None),
             base: base.trim_end_matches('/').to_string(),
         }
     }

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::client::insecure_client;
 use crate::probe::{scrape, sum_where};
 
 pub struct Replica {
@@ -13,11 +14,9 @@ pub struct Replica {
     pub client: reqwest::Client,
 }
 
+/// The bench's client: certificates not verified, no request timeout (watches).
 pub fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .danger_accept_invalid_certs(true)
-        .build()
-        .expect("http client")
+    insecure_client(Duration::from_secs(30), None)
 }
 
 pub async fn metric(

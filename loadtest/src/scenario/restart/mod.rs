@@ -56,12 +56,13 @@ use crate::report::{Latency, TargetReport};
 mod apiserver;
 mod reflector;
 
+use crate::client::node_client;
 use apiserver::{
     apiserver_requests, read_metrics, restart_apiserver, wait_ready, write_once, KCACHE_COUNTERS,
     READY_TIMEOUT,
 };
 pub(super) use reflector::{error_kind, waited_to_retry, MAX_RETRIES, REQUEST_TIMEOUT};
-use reflector::{node_client, Counts, Reflector, Shared, Stats};
+use reflector::{Counts, Reflector, Shared, Stats};
 
 const NS: &str = "bench-restart";
 

@@ -25,25 +25,6 @@ pub(in crate::scenario) const MAX_RETRIES: usize = 10;
 /// Longest wait for a list's body or a watch's response headers.
 pub(in crate::scenario) const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// One node's connection: HTTP/2 with the protocol known up front (ALPN `h2` only), so
-/// the node's concurrent requests wait for one connection instead of racing a handshake
-/// each, as Go's HTTP/2 transport shares one dial per host. `--http1`: one connection per
-/// request, as for the other scenarios.
-pub(super) fn node_client(http1: bool) -> reqwest::Client {
-    let b = reqwest::Client::builder()
-        .danger_accept_invalid_certs(true)
-        .pool_max_idle_per_host(1)
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(30));
-    let b = if http1 {
-        b.http1_only()
-    } else {
-        b.http2_prior_knowledge()
-    };
-    // Only fails if the TLS backend cannot initialise: not a runtime condition.
-    b.build().expect("building the HTTP client")
-}
-
 /// What one target's clients share.
 pub(super) struct Shared {
     pub(super) rec: Arc<Recorder>,
@@ -538,6 +519,7 @@ impl Reflector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::node_client;
 
     #[test]
     fn backoff_doubles_to_the_cap_with_jitter() {
