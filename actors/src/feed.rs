@@ -1,5 +1,6 @@
 //! What flows between a key's source and its CachedObject, and what both share: source
-//! messages and commands, the fleet role handed to the CachedObject, and the key's status.
+//! messages and commands, where the key's events come from, the follower the fleet
+//! attaches while this replica owns the key, and the key's status.
 //!
 //! Its own module so that arrows only run down: sources (`source`, `fleet`) and the
 //! CachedObject both use these types, and neither imports the other.
@@ -8,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::{Addr, Recipient};
+use actix::{Message, Recipient};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -17,7 +18,6 @@ use crate::core::event::StoreEvent;
 use crate::core::key::Key;
 use crate::core::object::EventType;
 use crate::core::object::Object;
-use crate::listener::Listener;
 
 /// What a source tells its CachedObject.
 #[derive(Debug)]
@@ -47,27 +47,38 @@ pub enum SourceMsg {
     Replayed { from: u64, replay: Option<Replay> },
     /// The source failed and is backing off; reads keep being served from what is cached.
     Unhealthy { error: String },
-    /// The key's role in the fleet changed (only with `--nats`).
-    Role(Role),
+    /// Where the key's events come from from now on (only with `--nats`, as its fleet
+    /// role changes): an upstream read this replica runs (an owner's, or one cut off from
+    /// NATS), whose messages the CachedObject reads itself; `None`: the source's own
+    /// messages (a mirror's, fed from the owner over NATS).
+    Reads(Option<UpstreamFeed>),
+    /// From now on the key has this follower (this replica owns the key: the fleet's
+    /// publisher), or none.
+    Follow(Option<Follower>),
 }
 
-/// A replica's part in a key (see `fleet`).
+/// A follower of a key: gets every event, with its seq, and a bookmark carrying the last
+/// seq every `bookmark_every` — the fleet's publisher of a key this replica owns, which
+/// publishes them over NATS under `epoch` (events and heartbeats). Sent without waiting:
+/// what it cannot take is dropped (`kcache_fleet_listener_dropped_events_total`), and the
+/// mirrors resynchronise from the seq it skips.
 #[derive(Debug)]
-pub enum Role {
-    /// Holds the upstream watch, whose messages the CachedObject now reads itself, and
-    /// publishes through `listener` with `epoch`.
-    /// `upstream` is `None` when an owner only changes epoch (its lease was created
-    /// again) and keeps its read.
-    Owner {
-        epoch: u64,
-        listener: Addr<Listener>,
-        heartbeat: Duration,
-        upstream: Option<UpstreamFeed>,
+pub struct Follower {
+    pub link: Recipient<Follow>,
+    pub bookmark_every: Duration,
+    pub epoch: u64,
+}
+
+/// What a key sends its follower.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub enum Follow {
+    Event(Arc<StoreEvent>),
+    /// The key's last seq and progress RV.
+    Bookmark {
+        seq: u64,
+        rv: u64,
     },
-    /// Fed from the owner over NATS, through the fleet source's own messages.
-    Mirror,
-    /// Cut off from NATS: watching upstream itself until NATS is back.
-    Local { upstream: UpstreamFeed },
 }
 
 /// An upstream read handed to the CachedObject while this replica owns the key (or

@@ -7,7 +7,8 @@
 //! - [`cached_object::CachedObject`]: one key's store + window, fed by a [`source`]; the
 //!   messages, commands and status they share are in [`feed`].
 //! - [`fleet`]: with `--nats`, ownership leases, event fan-out and mirroring across
-//!   replicas; [`listener::Listener`] publishes an owned key's events.
+//!   replicas; an owned key's publisher (`fleet::listener`) follows the key like a
+//!   watcher.
 //! - [`health`]: whether this replica reaches the API server (readiness, fleet handover).
 //! - [`upstream_pool`]: lists and watches multiplexed over a few HTTP/2 connections.
 //! - [`watcher::Watcher`]: one downstream watch with the API server's cacheWatcher semantics.
@@ -21,7 +22,6 @@ pub mod dispatch_budget;
 pub mod feed;
 pub mod fleet;
 pub mod health;
-pub mod listener;
 pub mod memory;
 pub mod metrics;
 pub mod registry;

@@ -2,7 +2,8 @@
 //! numbers, watcher table with bookmarks, waiting reads and watches, and backfills — that
 //! takes the key's inputs ([`Input`]: lists and events from its source, reads, watches,
 //! ticks, handovers) and returns what is to be done ([`Output`]: messages to watchers,
-//! replies, commands to the source, publications to the fleet), in order. `apply(now,
+//! replies, commands to the source, events and bookmarks to its follower — the fleet's
+//! publisher while this replica owns the key), in order. `apply(now,
 //! input) -> outputs`, as `core::upstream::step`; the CachedObject actor carries the
 //! outputs out and feeds back what happened to them (a watcher's full buffer, a command
 //! the source could not take).
@@ -140,7 +141,7 @@ pub enum Input<L, R> {
         object: Object,
         rv: u64,
     },
-    /// The key is known complete up to `rv` (a bookmark, an owner's heartbeat).
+    /// The key is known complete up to `rv` (an upstream bookmark; on a mirror, the owner's heartbeat).
     Progress { rv: u64 },
     /// The source's replay from `from` for a backfill (`None`: it could not).
     Replayed { from: u64, replay: Option<Replay> },
@@ -164,11 +165,12 @@ pub enum Input<L, R> {
     Full { id: u64 },
     /// The source could not take this command now.
     Refused(SourceCmd),
-    /// The periodic tick: bookmarks, heartbeats, expired waits and backfills.
+    /// The periodic tick: bookmarks (the follower's too), expired waits and backfills.
     Tick,
-    /// This replica publishes the key to the fleet (its owner), with a heartbeat every
-    /// so many ms; `None`: it does not (a mirror, or no fleet).
-    Publishing(Option<u64>),
+    /// A follower — the fleet's publisher, while this replica owns the key — follows the
+    /// key from now on: every event, with its seq, and every so many ms a bookmark that
+    /// carries the last seq; `None`: nobody follows (a mirror, or no fleet).
+    Follow(Option<u64>),
     /// Move the live watchers (those that asked for `only_asked` when given) to another
     /// key, which is synced or not (`core::coalesce::handover_rv`).
     HandOver {
@@ -196,11 +198,12 @@ pub enum Output<L, R> {
     Reply(R, Result<Snapshot>),
     /// Ask whoever reads the key upstream; answer [`Input::Refused`] when it cannot take it.
     Command(SourceCmd),
-    /// Publish an event to the fleet (owner only).
-    Publish(Arc<StoreEvent>),
-    /// The owner's heartbeat: its last seq and progress RV, so mirrors detect a lost last
-    /// event and can answer bookmarks and RV checks.
-    Heartbeat { seq: u64, rv: u64 },
+    /// An event for the follower (sent without waiting; one it cannot take is lost, and
+    /// the seq it skips tells the mirrors to resynchronise).
+    ToFollower(Arc<StoreEvent>),
+    /// The follower's bookmark: the last seq and the progress RV, so mirrors detect a lost
+    /// last event and can answer bookmarks and RV checks (the fleet's heartbeat).
+    FollowerBookmark { seq: u64, rv: u64 },
     /// Watcher (link) continues from the key a [`Input::HandOver`] named, after `after_rv`.
     Move { link: L, after_rv: u64 },
     /// How a [`Input::HandOver`] went.
@@ -260,9 +263,10 @@ pub struct KeyCore<L, R> {
     backfill: Vec<(Watch<L>, u64)>,
     /// The RV of the `SourceCmd::Replay` in flight, and when it was asked for.
     backfill_at: Option<(u64, u64)>,
-    /// Set while this replica publishes the key (its fleet owner): the heartbeat period.
-    publishing: Option<u64>,
-    last_heartbeat_ms: u64,
+    /// Set while a follower follows the key (this replica owns it in the fleet): how often
+    /// it gets a bookmark.
+    follower: Option<u64>,
+    follower_bookmarked_ms: u64,
 }
 
 impl<L, R> KeyCore<L, R> {
@@ -284,8 +288,8 @@ impl<L, R> KeyCore<L, R> {
             next_wait: 0,
             backfill: Vec::new(),
             backfill_at: None,
-            publishing: None,
-            last_heartbeat_ms: 0,
+            follower: None,
+            follower_bookmarked_ms: 0,
         }
     }
 
@@ -391,9 +395,9 @@ impl<L, R> KeyCore<L, R> {
                 self.end_backfill(now, cmd.from, false, &mut out);
             }
             Input::Tick => self.tick(now, &mut out),
-            Input::Publishing(heartbeat_ms) => {
-                self.publishing = heartbeat_ms;
-                self.last_heartbeat_ms = 0;
+            Input::Follow(bookmark_ms) => {
+                self.follower = bookmark_ms;
+                self.follower_bookmarked_ms = 0;
             }
             Input::HandOver {
                 only_asked,
@@ -426,8 +430,9 @@ impl<L, R> KeyCore<L, R> {
         for effect in self.machine.apply(now, input) {
             match effect {
                 Effect::Progressed { .. } => {
-                    // Mirrors learn of progress without events from a heartbeat: send it now.
-                    self.last_heartbeat_ms = 0;
+                    // Mirrors learn of progress without events from the follower's
+                    // bookmark: send it now.
+                    self.follower_bookmarked_ms = 0;
                 }
                 Effect::Serve { id, waited_ms } => {
                     metrics::histogram!(m::READ_WAIT, &self.labels)
@@ -534,10 +539,10 @@ impl<L, R> KeyCore<L, R> {
             }
             self.window.reset(rv);
             // An owner's mirrors must not carry on as if nothing happened: a sequence
-            // number skipped makes the next heartbeat a gap to them, and they resynchronise
-            // (their own watches end the same way).
+            // number skipped makes the follower's next bookmark a gap to them, and they
+            // resynchronise (their own watches end the same way).
             self.seq += 1;
-            self.last_heartbeat_ms = 0;
+            self.follower_bookmarked_ms = 0;
             for (_, w) in self.watchers.drain() {
                 out.push(Output::Final {
                     link: w.link,
@@ -556,7 +561,7 @@ impl<L, R> KeyCore<L, R> {
         // mirror's window would not know its history is guessed. A sequence number skipped
         // makes the first of them a gap to every mirror, which resynchronises from a
         // snapshot instead (as after a gap relist).
-        if self.publishing.is_some() {
+        if self.follower.is_some() {
             self.seq += 1;
         }
         metrics::counter!(m::RELIST_EVENTS, &self.labels).increment(changes.len() as u64);
@@ -601,8 +606,7 @@ impl<L, R> KeyCore<L, R> {
         );
     }
 
-    /// Offers an event to every live watcher it concerns, and to the fleet when
-    /// publishing.
+    /// Offers an event to every live watcher it concerns, and to the follower.
     fn dispatch(&mut self, ev: Arc<StoreEvent>, out: &mut Vec<Output<L, R>>) {
         for (id, _) in self.watchers.concerned(ev.object.name()) {
             out.push(Output::Offer {
@@ -610,8 +614,8 @@ impl<L, R> KeyCore<L, R> {
                 event: ev.clone(),
             });
         }
-        if self.publishing.is_some() {
-            out.push(Output::Publish(ev));
+        if self.follower.is_some() {
+            out.push(Output::ToFollower(ev));
         }
     }
 
@@ -896,16 +900,16 @@ impl<L, R> KeyCore<L, R> {
         }
     }
 
-    /// Bookmarks to due watchers, the owner's heartbeat, expired waits and backfills.
+    /// Bookmarks to due watchers and the follower, expired waits and backfills.
     fn tick(&mut self, now: u64, out: &mut Vec<Output<L, R>>) {
         let rv = self.machine.progress();
         for (id, _) in self.watchers.due_bookmarks(now) {
             out.push(Output::Bookmark { id, rv });
         }
-        if let Some(every) = self.publishing {
-            if now.saturating_sub(self.last_heartbeat_ms) >= every {
-                self.last_heartbeat_ms = now;
-                out.push(Output::Heartbeat { seq: self.seq, rv });
+        if let Some(every) = self.follower {
+            if now.saturating_sub(self.follower_bookmarked_ms) >= every {
+                self.follower_bookmarked_ms = now;
+                out.push(Output::FollowerBookmark { seq: self.seq, rv });
             }
         }
         self.step(now, key_machine::Input::Tick, out, |_, _, _| {});
@@ -1103,8 +1107,8 @@ mod tests {
             Output::Reply(r, Err(e)) => format!("reply {r}: {e}"),
             Output::Command(SourceCmd::Probe) => "probe".into(),
             Output::Command(SourceCmd::Replay(c)) => format!("replay {}..{}", c.from, c.to),
-            Output::Publish(e) => format!("publish {}#{}", e.rv, e.seq),
-            Output::Heartbeat { seq, rv } => format!("heartbeat #{seq} {rv}"),
+            Output::ToFollower(e) => format!("follower {}#{}", e.rv, e.seq),
+            Output::FollowerBookmark { seq, rv } => format!("follower bookmark #{seq} {rv}"),
             Output::Move { link, after_rv } => format!("{link} moves after {after_rv}"),
             Output::HandedOver(h) => format!("handed over {} left {}", h.moved, h.left),
         }
@@ -1224,11 +1228,11 @@ mod tests {
                 vec!["", "", "", "reply 7: [a,b]@11", "reply 8: [b]@12"],
             ),
             (
-                "a probe's list that differs enters the window as events, offered and published",
+                "a probe's list that differs enters the window as events, offered to watchers and the follower",
                 with(
                     live_watcher(),
                     vec![
-                        (3, Input::Publishing(Some(1_000))),
+                        (3, Input::Follow(Some(1_000))),
                         (4, listed(&[("a", 5), ("b", 14), ("c", 13)], 15, false)),
                     ],
                 ),
@@ -1238,7 +1242,7 @@ mod tests {
                     "w1: replay [] upto 0 live",
                     "",
                     // A seq skipped first: mirrors resynchronise rather than apply guesses.
-                    "w1: offer 13#2; publish 13#2; w1: offer 14#3; publish 14#3",
+                    "w1: offer 13#2; follower 13#2; w1: offer 14#3; follower 14#3",
                 ],
             ),
             (
@@ -1246,7 +1250,7 @@ mod tests {
                 with(
                     live_watcher(),
                     vec![
-                        (3, Input::Publishing(Some(1_000))),
+                        (3, Input::Follow(Some(1_000))),
                         (4, listed(&[("a", 12)], 15, true)),
                         (1_004, Input::Tick),
                     ],
@@ -1257,7 +1261,7 @@ mod tests {
                     "w1: replay [] upto 0 live",
                     "",
                     "w1 last: close Resync",
-                    "heartbeat #1 15",
+                    "follower bookmark #1 15",
                 ],
             ),
             (

@@ -1,7 +1,10 @@
 //! One key's cache as an actor: it owns a [`KeyCore`] (the store, the event window, the
 //! watcher table and every decision about them, in `key_core`) and carries out what the
 //! core says — messages to watchers, replies to reads, commands to its source, events and
-//! heartbeats to the fleet — feeding back what happened to them. It is the only writer of
+//! bookmarks to its follower (the fleet's publisher, which the fleet source attaches while
+//! this replica owns the key) — feeding back what happened to them. It knows no fleet
+//! roles: its source says where its events come from (`SourceMsg::Reads`) and who follows
+//! it (`SourceMsg::Follow`). It is the only writer of
 //! its store, as kube-rs's reflector `Writer`, and the only place the key's links live.
 
 mod key_core;
@@ -20,10 +23,9 @@ use self::key_core::{Input, KeyCore, Output, Settings, Status, Watch};
 use crate::config::CacheConfig;
 use crate::core::key::Key;
 use crate::feed::{
-    KeyStatus, OwnerSnapshot, Role, SourceCmd, SourceFactory, SourceHandle, SourceMsg,
+    Follow, Follower, KeyStatus, OwnerSnapshot, SourceCmd, SourceFactory, SourceHandle, SourceMsg,
     TakeSnapshot, UpstreamFeed,
 };
-use crate::listener::{Listener, Publish};
 use crate::metrics as m;
 use crate::watch_feed::{KeyLink, Subscribe, ToKey, ToWatcher, WatcherLink};
 
@@ -104,8 +106,8 @@ pub struct CachedObject {
     shown: Status,
     epoch: Instant,
     labels: [(&'static str, String); 2],
-    /// Set while this replica owns the key in the fleet: every event goes out through it.
-    listener: Option<Addr<Listener>>,
+    /// The key's follower: the fleet's publisher while this replica owns the key.
+    follower: Option<Recipient<Follow>>,
     /// Set while this replica reads the key upstream as its fleet owner (or locally): the
     /// commands go straight to that read instead of through the fleet source.
     upstream_commands: Option<tokio::sync::mpsc::Sender<SourceCmd>>,
@@ -131,7 +133,7 @@ impl CachedObject {
             status,
             epoch: Instant::now(),
             labels,
-            listener: None,
+            follower: None,
             upstream_commands: None,
         }
     }
@@ -186,8 +188,10 @@ impl CachedObject {
                             metrics::counter!(m::PROBES, &self.labels).increment(1);
                         }
                     }
-                    Output::Publish(event) => self.publish(Publish::Event(event)),
-                    Output::Heartbeat { seq, rv } => self.publish(Publish::Heartbeat { seq, rv }),
+                    Output::ToFollower(event) => self.to_follower(Follow::Event(event)),
+                    Output::FollowerBookmark { seq, rv } => {
+                        self.to_follower(Follow::Bookmark { seq, rv })
+                    }
                     Output::Move { link, after_rv } => match to {
                         Some((key, key_link)) => {
                             link.do_send(ToWatcher::Move(crate::watch_feed::Move {
@@ -207,13 +211,13 @@ impl CachedObject {
         handed
     }
 
-    fn publish(&self, msg: Publish) {
-        let Some(listener) = &self.listener else {
+    fn to_follower(&self, msg: Follow) {
+        let Some(follower) = &self.follower else {
             return;
         };
-        let event = matches!(msg, Publish::Event(_));
-        // A heartbeat lost to a full queue is followed by the next one.
-        if let (true, Err(SendError::Full(_))) = (event, listener.try_send(msg)) {
+        let event = matches!(msg, Follow::Event(_));
+        // A bookmark lost to a full queue is followed by the next one.
+        if let (true, Err(SendError::Full(_))) = (event, follower.try_send(msg)) {
             metrics::counter!(m::FLEET_LISTENER_DROPS).increment(1);
         }
     }
@@ -252,39 +256,23 @@ impl CachedObject {
             metrics::gauge!(m::WINDOW_EVENTS)
                 .increment(now.window_events as f64 - was.window_events as f64);
         }
-        if self.listener.is_some() && now.seq != was.seq {
+        if self.follower.is_some() && now.seq != was.seq {
             s.update_fleet(|f| f.seq = now.seq);
         }
     }
 
-    fn on_role(&mut self, role: Role, ctx: &mut Context<Self>) {
-        match role {
-            Role::Owner {
-                epoch,
-                listener,
-                heartbeat,
-                upstream,
-            } => {
-                let seq = self.core.status().seq;
-                tracing::info!(key = %self.core.key(), epoch, seq, "publishing the key's events as its owner");
-                self.listener = Some(listener);
-                self.status.update_fleet(|f| f.seq = seq);
-                self.run(Input::Publishing(Some(heartbeat.as_millis() as u64)), None);
-                if let Some(upstream) = upstream {
-                    self.read_upstream(upstream, ctx);
-                }
-            }
-            Role::Local { upstream } => {
-                self.listener = None;
-                self.run(Input::Publishing(None), None);
-                self.read_upstream(upstream, ctx);
-            }
-            Role::Mirror => {
-                self.listener = None;
-                self.upstream_commands = None;
-                self.run(Input::Publishing(None), None);
-            }
+    /// A follower attached (this replica now owns the key) or detached.
+    fn on_follow(&mut self, follower: Option<Follower>) {
+        let every = follower
+            .as_ref()
+            .map(|f| f.bookmark_every.as_millis() as u64);
+        if let Some(f) = &follower {
+            let seq = self.core.status().seq;
+            tracing::info!(key = %self.core.key(), epoch = f.epoch, seq, "publishing the key's events as its owner");
+            self.status.update_fleet(|i| i.seq = seq);
         }
+        self.follower = follower.map(|f| f.link);
+        self.run(Input::Follow(every), None);
     }
 
     /// Reads an upstream read's messages directly (they end when the fleet source stops it).
@@ -346,7 +334,10 @@ impl StreamHandler<SourceMsg> for CachedObject {
             SourceMsg::Replayed { from, replay } => {
                 self.run(Input::Replayed { from, replay }, None);
             }
-            SourceMsg::Role(role) => self.on_role(role, ctx),
+            SourceMsg::Follow(follower) => self.on_follow(follower),
+            SourceMsg::Reads(Some(upstream)) => self.read_upstream(upstream, ctx),
+            // The source's own messages from now on; its upstream read, if any, is stopped.
+            SourceMsg::Reads(None) => self.upstream_commands = None,
             SourceMsg::Unhealthy { error } => {
                 // Reads keep being served from what is cached; a probe in flight is lost.
                 self.run(Input::SourceUnhealthy, None);

@@ -14,6 +14,7 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, Semaphore};
 
 use super::codec::{self, Opener};
+use super::listener::{Listener, Outlet};
 use super::{Fleet, View};
 use crate::core::key::Key;
 use crate::core::mirror::{EpochGate, Gate, Input as MirrorInput, Mirror, Output, Resync, Stamp};
@@ -21,10 +22,9 @@ use crate::core::object::{self, Schema, WireEvent};
 use crate::core::role::{self, Claimed, Effect, Input, RoleMachine, World};
 use crate::core::wire::{Kind, Reassembler};
 use crate::feed::{
-    FleetInfo, KeyStatus, Role, RoleKind, SourceCmd, SourceHandle, SourceMsg, TakeSnapshot,
+    FleetInfo, Follower, KeyStatus, RoleKind, SourceCmd, SourceHandle, SourceMsg, TakeSnapshot,
     UpstreamFeed,
 };
-use crate::listener::{Listener, Outlet};
 use crate::metrics as m;
 
 /// What a mirror buffers and applies: an event line, a snapshot `List`, or a replay
@@ -70,6 +70,16 @@ pub(super) struct Following {
     /// The owner's replica id, from its (authenticated) messages.
     owner: Option<String>,
     _gauge: RoleGauge,
+}
+
+/// A new publisher of a key under the outlet's epoch, as the key's follower.
+fn publisher(fleet: &Fleet, outlet: &Outlet) -> Follower {
+    let listener = Listener::new(outlet.clone(), fleet.cfg.listener_buffer).start();
+    Follower {
+        link: listener.recipient(),
+        bookmark_every: fleet.cfg.heartbeat(),
+        epoch: outlet.epoch,
+    }
 }
 
 /// Counts a key in a role gauge for as long as it lives.
@@ -294,15 +304,12 @@ impl KeyTask {
             signer: fleet.signer(),
             chunk_max: fleet.chunk_max(),
         };
-        let listener = Listener::new(outlet.clone(), fleet.cfg.listener_buffer).start();
         let (read, upstream) = self.start_upstream();
-        let role = Role::Owner {
-            epoch,
-            listener,
-            heartbeat: fleet.cfg.heartbeat(),
-            upstream: Some(upstream),
-        };
-        self.send(SourceMsg::Role(role)).await?;
+        // The publisher follows the key before the key reads upstream: it sees every event
+        // of the read.
+        self.send(SourceMsg::Follow(Some(publisher(&fleet, &outlet))))
+            .await?;
+        self.send(SourceMsg::Reads(Some(upstream))).await?;
         let snaps = fleet
             .client
             .subscribe(fleet.subjects.snapshot(&self.token))
@@ -336,15 +343,9 @@ impl KeyTask {
         tracing::warn!(key = %self.key, epoch, "the key's lease aged out with nobody holding it; created it again");
         metrics::counter!(m::FLEET_OWNERSHIP_CHANGES, "change" => "recreated").increment(1);
         o.outlet.epoch = epoch;
-        let listener = Listener::new(o.outlet.clone(), fleet.cfg.listener_buffer).start();
+        let follower = publisher(&fleet, &o.outlet);
         self.status.update_fleet(|f| f.epoch = epoch);
-        let role = Role::Owner {
-            epoch,
-            listener,
-            heartbeat: fleet.cfg.heartbeat(),
-            upstream: None,
-        };
-        self.send(SourceMsg::Role(role)).await
+        self.send(SourceMsg::Follow(Some(follower))).await
     }
 
     async fn follow(&mut self) -> Result<(), Gone> {
@@ -365,7 +366,8 @@ impl KeyTask {
         }
         self.status
             .update_fleet(|f| f.role = Some(RoleKind::Mirror));
-        self.send(SourceMsg::Role(Role::Mirror)).await?;
+        self.send(SourceMsg::Follow(None)).await?;
+        self.send(SourceMsg::Reads(None)).await?;
         let mut following = Following {
             events: None,
             replies: None,
@@ -415,7 +417,8 @@ impl KeyTask {
         tracing::warn!(key = %self.key, "NATS unreachable; watching upstream directly until it is back");
         self.status.update_fleet(|f| f.role = Some(RoleKind::Local));
         let (read, upstream) = self.start_upstream();
-        self.send(SourceMsg::Role(Role::Local { upstream })).await?;
+        self.send(SourceMsg::Follow(None)).await?;
+        self.send(SourceMsg::Reads(Some(upstream))).await?;
         self.held = Held::Upstream {
             read,
             owner: None,

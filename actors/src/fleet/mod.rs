@@ -6,8 +6,10 @@
 //!
 //! - **owner**: it holds the key's lease ([`leases`]); the KV revision that created it is
 //!   its **epoch**. It runs the upstream list+watch, whose messages go straight to the
-//!   CachedObject, which publishes every event through a bounded `Listener` stamped
-//!   `(epoch, seq, rv)`, plus heartbeats. It answers snapshot requests and renews the lease.
+//!   CachedObject, and attaches a bounded publisher ([`listener`]) that follows the key
+//!   like a watcher: every event, published stamped `(epoch, seq, rv)`, and bookmarks
+//!   carrying the seq, published as heartbeats. It answers snapshot requests and renews
+//!   the lease.
 //! - **mirror**: it follows the owner's subject through `core::mirror` (fencing, order,
 //!   gaps), resynchronises from a snapshot when needed, and takes the key over when the
 //!   owner's connection is gone ([`presence`]) or its lease has expired.
@@ -22,6 +24,7 @@ pub mod conn;
 pub mod interest;
 mod key_task;
 pub mod leases;
+pub mod listener;
 pub mod presence;
 
 use std::collections::BTreeSet;

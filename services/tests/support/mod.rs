@@ -427,10 +427,7 @@ impl TestCluster {
     }
 
     async fn wait_etcd(&mut self) {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(5))
-            .build()
-            .expect("build an HTTP client");
+        let http = insecure_http_within(Duration::from_secs(5));
         let health = format!("{}/health", self.etcd_url);
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
@@ -528,11 +525,7 @@ impl TestCluster {
 
     /// Waits for `/readyz`; why not, when the API server exited or did not get ready.
     async fn apiserver_ready(&mut self) -> Result<(), String> {
-        let http = reqwest::Client::builder()
-            .danger_accept_invalid_certs(true)
-            .timeout(Duration::from_secs(5))
-            .build()
-            .expect("build an HTTP client");
+        let http = insecure_http_within(Duration::from_secs(5));
         let readyz = format!("{}/readyz", self.url);
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
@@ -740,9 +733,19 @@ pub async fn create_as_admin(
     serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
 }
 
+/// The tests' client: the test certificates are not verified.
 pub fn insecure_http() -> reqwest::Client {
     reqwest::Client::builder()
         .danger_accept_invalid_certs(true)
+        .build()
+        .expect("build an HTTP client")
+}
+
+/// [`insecure_http`] whose requests give up after `timeout`.
+pub fn insecure_http_within(timeout: Duration) -> reqwest::Client {
+    reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .timeout(timeout)
         .build()
         .expect("build an HTTP client")
 }

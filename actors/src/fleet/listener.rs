@@ -1,6 +1,7 @@
 //! The owner's publisher of one key: the informer's `processorListener`, bounded.
 //!
-//! The CachedObject `try_send`s every event (and a periodic heartbeat) to its Listener and
+//! The Listener follows the key it publishes (`feed::Follower`): the CachedObject
+//! `try_send`s it every event and a periodic bookmark (published as the heartbeat), and
 //! never waits on NATS. The Listener publishes in order, one message at a time; while NATS
 //! is slow or away its mailbox fills, further events are dropped and counted
 //! (`kcache_fleet_listener_dropped_events_total`), and the mirrors, seeing the sequence
@@ -11,19 +12,11 @@ use std::sync::Arc;
 use actix::prelude::*;
 use bytes::Bytes;
 
-use crate::core::event::StoreEvent;
 use crate::core::seal::Keyring;
 use crate::core::sign::Signer;
 use crate::core::wire::{self, Frame, Kind};
+use crate::feed::Follow;
 use crate::metrics as m;
-
-/// What a listener publishes: one event or a heartbeat.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub enum Publish {
-    Event(Arc<StoreEvent>),
-    Heartbeat { seq: u64, rv: u64 },
-}
 
 /// How an owner writes a key's messages: subject, stamp, sealing and chunking.
 #[derive(Clone)]
@@ -115,10 +108,10 @@ impl Actor for Listener {
     }
 }
 
-impl Handler<Publish> for Listener {
+impl Handler<Follow> for Listener {
     type Result = ();
 
-    fn handle(&mut self, msg: Publish, ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: Follow, ctx: &mut Self::Context) {
         let outlet = self.outlet.clone();
         let subject = outlet.subject.clone();
         // `wait` holds the mailbox until this publish is handed to the client: order is
@@ -126,12 +119,12 @@ impl Handler<Publish> for Listener {
         ctx.wait(
             async move {
                 let res = match msg {
-                    Publish::Event(ev) => {
+                    Follow::Event(ev) => {
                         outlet
                             .send(&subject, Kind::Event, ev.seq, ev.rv, ev.line.clone())
                             .await
                     }
-                    Publish::Heartbeat { seq, rv } => {
+                    Follow::Bookmark { seq, rv } => {
                         outlet
                             .send(&subject, Kind::Heartbeat, seq, rv, Bytes::new())
                             .await
