@@ -15,6 +15,9 @@ use crate::upstream_pool::UpstreamClients;
 /// `failing_since_ms` when nothing is failing.
 const NONE: u64 = u64::MAX;
 
+/// Shared beside the messages, on purpose: every upstream read (on every arbiter),
+/// `/readyz` and each key's fleet task report to it or read it on their own hot paths;
+/// one atomic answers all of them without a mailbox any of them could wait on.
 #[derive(Debug)]
 pub struct UpstreamHealth {
     started: Instant,

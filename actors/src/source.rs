@@ -84,6 +84,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Shared upstream budget: concurrent lists and a pace for list/watch starts, so a burst
 /// of new keys (a node's kubelet starting, a replica restarting) cannot flood the API server.
+/// Shared by every key's source task, not owned by an actor: a source waits its turn on a
+/// semaphore and a start time (the waiting is the point), which a message round trip per
+/// start would only add to.
 pub struct UpstreamLimits {
     lists: Semaphore,
     next_slot: Mutex<Instant>,

@@ -54,7 +54,9 @@ struct Conn {
 }
 
 /// The upstream clients: HTTP/2 connections opened as streams need them, or one shared
-/// HTTP/1.1 client (see [`UpstreamClients::single`]).
+/// HTTP/1.1 client (see [`UpstreamClients::single`]). A mutex, not an actor: every list,
+/// watch and review takes a connection here on its own task, and the lock is held only to
+/// pick one (or push a new one), never across a request.
 pub struct UpstreamClients {
     conns: Mutex<Vec<Conn>>,
     make: Box<MakeClient>,

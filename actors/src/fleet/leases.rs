@@ -19,6 +19,8 @@ pub struct Leases {
     client: Client,
     cfg: Arc<NatsConfig>,
     replica: String,
+    /// The lease stream exists (created or checked once); a flag every key's task reads
+    /// before its first lease call, so they need not ask an owner of it.
     ready: AtomicBool,
 }
 

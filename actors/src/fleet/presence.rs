@@ -47,6 +47,9 @@ pub struct Presence {
     inbox: String,
     period: Duration,
     health: Arc<UpstreamHealth>,
+    /// The peers heard of: written by the beacon listener, read by every key's fleet task
+    /// deciding a takeover (`core::role`). A mutex held for a lookup, not an actor: a
+    /// task about to take a key over must not wait behind a mailbox of beacons.
     peers: Mutex<HashMap<String, Peer>>,
     /// Where the fleet signs: beacons are signed, and only signed ones heard (a forged
     /// beacon would keep a dead peer "alive" or vouch for an upstream).
