@@ -53,6 +53,29 @@ pub fn choose(key: &Key, state: impl Fn(&Key) -> KeyState) -> Key {
         .unwrap_or_else(|| key.clone())
 }
 
+/// The key a request of `asked` (a watch from `from_rv`, or 0 for a read) is served by,
+/// from what `look` says of the running keys (their state and `Window::replayable_from`):
+/// the namespace key its names are coalesced into (`coalesced_into`) while that key is
+/// synced — it serves them even while their old keys run out their grace period — else
+/// [`choose`], where a synced covering key whose window does not reach `from_rv` counts as
+/// not ready yet ([`serves_from`]).
+pub fn route(
+    asked: &Key,
+    from_rv: u64,
+    coalesced_into: Option<&Key>,
+    look: impl Fn(&Key) -> (KeyState, u64),
+) -> Key {
+    if let Some(ns) = coalesced_into.filter(|ns| look(ns).0 == KeyState::Synced) {
+        return ns.clone();
+    }
+    choose(asked, |k| match look(k) {
+        (KeyState::Synced, reach) if k != asked && !serves_from(reach, from_rv) => {
+            KeyState::Syncing
+        }
+        (state, _) => state,
+    })
+}
+
 /// Whether a covering key whose window replays from `replayable_from`
 /// (`Window::replayable_from`) serves a watch from `from_rv` (0: no replay) without a 410
 /// its own key would not have given: a covering key's window holds the events of more
@@ -154,6 +177,52 @@ mod tests {
                 }
             };
             assert_eq!(choose(&s, state), want, "{own:?} {namespace:?} {whole:?}");
+        }
+    }
+
+    #[test]
+    fn route_table() {
+        use KeyState::*;
+        let s = name(Some("a"), "s");
+        // (own, namespace key, cluster key, coalesced into the namespace, watch from) →
+        // served by; a running key's window replays from 100.
+        let cases = [
+            ((NotRunning, NotRunning, NotRunning, false, 0), s.clone()),
+            // Coalesced: the namespace key while it is synced, even over the running own key.
+            ((Synced, Synced, NotRunning, true, 0), ns("a")),
+            ((Synced, Synced, NotRunning, true, 50), ns("a")),
+            ((Synced, Syncing, Synced, true, 0), s.clone()),
+            ((NotRunning, Syncing, Synced, true, 0), cluster()),
+            // Not coalesced: the own key when it runs.
+            ((Syncing, Synced, Synced, false, 0), s.clone()),
+            // A covering key serves a watch its window reaches, and a read.
+            ((NotRunning, Synced, Synced, false, 150), ns("a")),
+            ((NotRunning, Synced, Synced, false, 0), ns("a")),
+            // One whose window does not reach the watch's RV does not; the next may not either.
+            ((NotRunning, Synced, Synced, false, 50), s.clone()),
+            ((NotRunning, NotRunning, Synced, false, 50), s.clone()),
+            // The own key serves from wherever its window is (its own 410).
+            ((Synced, Synced, Synced, false, 50), s.clone()),
+        ];
+        for ((own, namespace, whole, coalesced, from), want) in cases {
+            let look = |k: &Key| {
+                let state = if *k == s {
+                    own
+                } else if *k == ns("a") {
+                    namespace
+                } else if *k == cluster() {
+                    whole
+                } else {
+                    NotRunning
+                };
+                (state, 100)
+            };
+            let into = coalesced.then(|| ns("a"));
+            assert_eq!(
+                route(&s, from, into.as_ref(), look),
+                want,
+                "{own:?} {namespace:?} {whole:?} coalesced {coalesced} from {from}"
+            );
         }
     }
 

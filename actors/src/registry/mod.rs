@@ -227,26 +227,13 @@ impl Registry {
         from_rv: u64,
         user: Option<&str>,
     ) -> Result<Held, Error> {
-        // A coalesced namespace serves its names even while their old keys run out their
-        // grace period.
-        let coalesced = coalesce::group_key(&asked).filter(|ns| {
-            self.coalescing.get(ns).is_some_and(|c| c.coalesced())
-                && self.state(ns) == KeyState::Synced
-        });
-        let key = coalesced.unwrap_or_else(|| {
-            cover::choose(&asked, |k| match self.state(k) {
-                KeyState::Synced if k != &asked => {
-                    let reach = self.keys.get(k).map_or(0, |e| {
-                        e.value.status.replayable_from.load(Ordering::Relaxed)
-                    });
-                    if cover::serves_from(reach, from_rv) {
-                        KeyState::Synced
-                    } else {
-                        KeyState::Syncing
-                    }
-                }
-                s => s,
-            })
+        let coalesced = coalesce::group_key(&asked)
+            .filter(|ns| self.coalescing.get(ns).is_some_and(|c| c.coalesced()));
+        let key = cover::route(&asked, from_rv, coalesced.as_ref(), |k| {
+            let reach = self.keys.get(k).map_or(0, |e| {
+                e.value.status.replayable_from.load(Ordering::Relaxed)
+            });
+            (self.state(k), reach)
         });
         if key == asked {
             let addr = self.acquire_for(key.clone(), user)?;
