@@ -474,9 +474,9 @@ async fn an_admin_port_leaves_the_api_servers_health_endpoints_to_it() {
     // histograms as buckets, which aggregate across replicas (the TokenReview above).
     let (_, body) = text(kc.admin_url.clone(), "/metrics", None).await;
     assert!(body.contains("kcache_build_info{version=\""), "{body}");
-    let rss = support::kcache::sum_samples(&body, "process_resident_memory_bytes", None);
+    let rss = support::prom::sum_samples(&body, "process_resident_memory_bytes", None);
     assert!(rss > 1e6, "RSS {rss}");
-    assert!(support::kcache::sum_samples(&body, "process_open_fds", None) > 3.0);
+    assert!(support::prom::sum_samples(&body, "process_open_fds", None) > 3.0);
     assert!(
         body.contains("kcache_auth_review_duration_seconds_bucket{"),
         "{body}"
@@ -556,7 +556,7 @@ async fn read_warnings_match_the_api_servers() {
     );
     let m = k.metrics_text().await;
     assert!(
-        support::kcache::sum_samples(&m, "kcache_requests_total", Some("served=\"cache\"")) >= 4.0,
+        support::prom::sum_samples(&m, "kcache_requests_total", Some("served=\"cache\"")) >= 4.0,
         "the Endpoints reads were served by kcache: {m}"
     );
 }
@@ -618,7 +618,7 @@ async fn a_flood_from_one_user_is_refused_from_its_own_queue_not_others() {
         );
     }
     let m = k.metrics_text().await;
-    let counted = support::kcache::sum_samples(
+    let counted = support::prom::sum_samples(
         &m,
         "kcache_cache_requests_rejected_total",
         Some("reason=\"queue_full\""),
@@ -630,7 +630,7 @@ async fn a_flood_from_one_user_is_refused_from_its_own_queue_not_others() {
     );
     // Every seat and queue place is given back.
     assert_eq!(
-        support::kcache::sum_samples(&m, "kcache_cache_requests_waiting", None),
+        support::prom::sum_samples(&m, "kcache_cache_requests_waiting", None),
         0.0
     );
     // Refused requests are audited with their 429 and, refused before authorization, no

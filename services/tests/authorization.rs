@@ -152,7 +152,7 @@ async fn kcache_answers_every_request_as_the_api_server_would() {
         ("cache=\"token\",decision=\"any\"", 10.0),
     ] {
         assert_eq!(
-            support::kcache::sum_samples(&metrics, "kcache_auth_cache_ttl_seconds", Some(labels)),
+            support::prom::sum_samples(&metrics, "kcache_auth_cache_ttl_seconds", Some(labels)),
             want,
             "{labels}"
         );

@@ -228,7 +228,7 @@ async fn a_reference_informer_syncs_by_streaming_list_through_kcache_under_write
     // Its streaming lists were kcache's own, proven fresh, not forwarded upstream.
     let m = k.metrics_text().await;
     let count = |o: &str| {
-        support::kcache::sum_samples(
+        support::prom::sum_samples(
             &m,
             "kcache_consistent_reads_total",
             Some(&format!("outcome=\"{o}\"")),

@@ -153,7 +153,7 @@ async fn streaming_lists_see_every_write(toml: &str, rounds: usize, proof: Proof
     // key caught up), none went to the API server.
     let after = k.metrics_text().await;
     let count = |text: &str, outcome: &str| {
-        support::kcache::sum_samples(
+        support::prom::sum_samples(
             text,
             "kcache_consistent_reads_total",
             Some(&format!("outcome=\"{outcome}\"")),
@@ -170,7 +170,7 @@ async fn streaming_lists_see_every_write(toml: &str, rounds: usize, proof: Proof
         "consistent reads served by kcache"
     );
     let tails = |text: &str, result: &str| {
-        support::kcache::sum_samples(
+        support::prom::sum_samples(
             text,
             "kcache_freshness_tail_watches_total",
             Some(&format!("result=\"{result}\"")),
@@ -314,7 +314,7 @@ async fn lists_see_every_write(toml: &str, rounds: usize, proof: Proof) {
     // key caught up), none went to the API server.
     let after = k.metrics_text().await;
     let count = |text: &str, metric: &str, labels: &str| {
-        support::kcache::sum_samples(text, metric, Some(labels))
+        support::prom::sum_samples(text, metric, Some(labels))
     };
     let reads = "kcache_consistent_reads_total";
     let served = count(&after, reads, "outcome=\"fresh\"")
@@ -566,7 +566,7 @@ async fn deleted_objects_stay_unreadable(cluster: &TestCluster, replicas: &[&Kca
     // kcache answered the reads of the parked key itself, proving it fresh; none went to
     // the API server for want of a proof.
     let count = |text: &str, outcome: &str| {
-        support::kcache::sum_samples(
+        support::prom::sum_samples(
             text,
             "kcache_consistent_reads_total",
             Some(&format!("outcome=\"{outcome}\"")),

@@ -166,13 +166,21 @@ async fn running_namespace_and_cluster_keys_serve_what_they_cover_as_the_api_ser
     assert_eq!(k.metric("kcache_upstream_watches").await, 2.0);
     let text = k.metrics_text().await;
     assert!(
-        support::sum_samples_with_label(&text, "kcache_covered_requests_total", "by", "cluster")
-            >= 5.0,
+        support::prom::sum_samples_with_label(
+            &text,
+            "kcache_covered_requests_total",
+            "by",
+            "cluster"
+        ) >= 5.0,
         "{text}"
     );
     assert!(
-        support::sum_samples_with_label(&text, "kcache_covered_requests_total", "by", "namespace")
-            >= 7.0,
+        support::prom::sum_samples_with_label(
+            &text,
+            "kcache_covered_requests_total",
+            "by",
+            "namespace"
+        ) >= 7.0,
         "{text}"
     );
 }

@@ -470,7 +470,7 @@ async fn a_late_mirror_serves_a_watch_from_before_its_first_snapshot() {
     assert_eq!(c.role(key).await, "mirror");
     assert_eq!(c.metric("kcache_watch_expired_total").await, 0.0);
     assert!(
-        support::kcache::sum_samples(
+        support::prom::sum_samples(
             &c.metrics_text().await,
             "kcache_window_backfills_total",
             Some("outcome=\"extended\"")
@@ -621,7 +621,7 @@ async fn a_mirror_acts_only_on_messages_its_fleet_signed() {
     let rejected = |reason: &'static str| {
         let b = &b;
         async move {
-            support::kcache::sum_samples(
+            support::prom::sum_samples(
                 &b.metrics_text().await,
                 "kcache_fleet_rejected_messages_total",
                 Some(&format!("reason=\"{reason}\"")),

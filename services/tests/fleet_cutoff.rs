@@ -135,7 +135,7 @@ async fn an_owner_cut_off_from_the_api_server_hands_over_and_readiness_follows()
     )
     .await;
     assert!(
-        support::sum_samples_with_label(
+        support::prom::sum_samples_with_label(
             &a.metrics_text().await,
             "kcache_fleet_ownership_changes_total",
             "change",

@@ -678,7 +678,7 @@ async fn a_young_key_replays_what_changed_before_its_list() {
         assert_eq!(cached, direct, "{target}");
     }
     assert!(
-        support::kcache::sum_samples(
+        support::prom::sum_samples(
             &kc.metrics_text().await,
             "kcache_window_backfills_total",
             Some("outcome=\"extended\"")

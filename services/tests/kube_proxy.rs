@@ -207,7 +207,7 @@ async fn kube_proxys_informers_see_through_kcache_what_they_see_directly() {
     // kcache answered them from its cache.
     let m = k.metrics_text().await;
     let cached = |resource: &str| {
-        support::kcache::sum_samples(
+        support::prom::sum_samples(
             &m,
             "kcache_requests_total",
             Some(&format!(

@@ -240,7 +240,7 @@ async fn kubelets_through(cluster: &TestCluster, via: &[&Kcache; 2]) {
     // The streaming lists were kcache's: proven fresh, none forwarded.
     for k in via {
         let m = k.metrics_text().await;
-        let forwarded = support::kcache::sum_samples(
+        let forwarded = support::prom::sum_samples(
             &m,
             "kcache_consistent_reads_total",
             Some("outcome=\"forwarded\""),

@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ConfigMap;
 use nkeys::KeyPair;
 use serde_json::{json, Value};
-use support::kcache::{sum_samples, Kcache};
+use support::kcache::Kcache;
 use support::nats_conf::{self, ConfNats, TestCa};
+use support::prom::sum_samples;
 use support::{eventually, TestCluster, ADMIN_TOKEN};
 use tokio::sync::mpsc::UnboundedReceiver;
 

@@ -58,7 +58,7 @@ async fn drain(sub: &mut async_nats::Subscriber, wait: Duration) -> Vec<async_na
 
 /// Snapshot requests the replica refused for their reply subject.
 async fn rejected(k: &Kcache) -> f64 {
-    support::sum_samples_with_label(
+    support::prom::sum_samples_with_label(
         &k.metrics_text().await,
         "kcache_fleet_rejected_messages_total",
         "reason",

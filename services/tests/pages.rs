@@ -9,8 +9,9 @@ mod support;
 
 use serde_json::Value;
 use support::http::{delete_configmap, next_events, object_ref, put_configmap, Http};
-use support::kcache::{sum_samples, Kcache};
+use support::kcache::Kcache;
 use support::nats::{fleet_toml, Nats};
+use support::prom::sum_samples;
 use support::{create_namespace, TestCluster};
 
 /// A list's items as `namespace/name@resourceVersion`, in the order given.

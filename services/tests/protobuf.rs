@@ -314,8 +314,9 @@ async fn protobuf_gets_lists_and_watches_match_the_api_server() {
     // (a proxied one would have been the API server's own bytes, proving nothing).
     let text = kc.metrics_text().await;
     let proxied =
-        support::sum_samples_with_label(&text, "kcache_requests_total", "served", "proxy");
-    let cached = support::sum_samples_with_label(&text, "kcache_requests_total", "served", "cache");
+        support::prom::sum_samples_with_label(&text, "kcache_requests_total", "served", "proxy");
+    let cached =
+        support::prom::sum_samples_with_label(&text, "kcache_requests_total", "served", "cache");
     assert_eq!(
         proxied,
         0.0,
@@ -407,6 +408,6 @@ async fn a_client_go_protobuf_informer_syncs_through_kcache() {
     // The informer's list and watch were kcache's own answers, not the API server's.
     let text = kc.metrics_text().await;
     let proxied =
-        support::sum_samples_with_label(&text, "kcache_requests_total", "served", "proxy");
+        support::prom::sum_samples_with_label(&text, "kcache_requests_total", "served", "proxy");
     assert_eq!(proxied, 0.0, "{text}");
 }

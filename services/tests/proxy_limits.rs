@@ -11,7 +11,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::{json, Value};
-use support::kcache::{sum_samples, Kcache};
+use support::kcache::Kcache;
+use support::prom::sum_samples;
 use support::{create_namespace, eventually, insecure_http, TestCluster, ADMIN_TOKEN};
 use tokio::sync::oneshot;
 

@@ -228,7 +228,7 @@ async fn tables_from_the_cache_are_the_api_servers() {
     // version prints (a resource the upstream printed otherwise would be forwarded).
     let m = k.metrics_text().await;
     let served = |resource: &str| {
-        support::kcache::sum_samples(
+        support::prom::sum_samples(
             &m,
             "kcache_requests_total",
             Some(&format!(
@@ -248,7 +248,7 @@ async fn tables_from_the_cache_are_the_api_servers() {
         assert!(served(resource) >= 1.0, "{resource}: {m}");
     }
     let forwarded = |resource: &str| {
-        support::kcache::sum_samples(
+        support::prom::sum_samples(
             &m,
             "kcache_cache_bypassed_total",
             Some(&format!("resource=\"{resource}\",reason=\"table\"")),

@@ -9,7 +9,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use support::kcache::{sum_samples, Kcache};
+use support::kcache::Kcache;
+use support::prom::sum_samples;
 use support::{eventually, insecure_http, TestCluster};
 
 const RELOADS: &str = "kcache_tls_certificate_reloads_total";

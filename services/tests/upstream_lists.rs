@@ -6,7 +6,8 @@
 mod support;
 
 use support::http::{next_events, put_configmap, Http};
-use support::kcache::{sum_samples, Kcache};
+use support::kcache::Kcache;
+use support::prom::sum_samples;
 use support::{api_requests_in, create_namespace, TestCluster};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -183,7 +183,7 @@ impl Kcache {
 
     /// Sum of every sample of `name` on kcache's /metrics (0 when absent).
     pub async fn metric(&self, name: &str) -> f64 {
-        sum_samples(&self.metrics_text().await, name, None)
+        super::prom::sum(&self.metrics_text().await, name, &[])
     }
 
     /// The `/debug/keys` entry of `key`.
@@ -259,27 +259,6 @@ impl Drop for Kcache {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// Sums Prometheus text samples named exactly `name`, optionally only those whose label set
-/// contains `label` (e.g. `kind="Secret"`).
-pub fn sum_samples(text: &str, name: &str, label: Option<&str>) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            let metric = series.split('{').next()?;
-            if metric != name {
-                return None;
-            }
-            if let Some(label) = label {
-                if !series.contains(label) {
-                    return None;
-                }
-            }
-            value.parse::<f64>().ok()
-        })
-        .sum()
 }
 
 /// What a `/debug/keys` entry serves for other keys: `key why` per `covering` element

@@ -25,6 +25,7 @@ pub mod kcache;
 pub mod nats;
 pub mod nats_cluster;
 pub mod nats_conf;
+pub mod prom;
 pub mod rng;
 
 use std::collections::HashSet;
@@ -607,33 +608,25 @@ impl TestCluster {
 
 /// [`TestCluster::upstream_watches`] read from a `/metrics` text.
 pub fn upstream_watches_in(text: &str, resource: &str) -> u64 {
-    text.lines()
-        .filter(|l| l.starts_with("apiserver_longrunning_requests{"))
-        .filter_map(|line| {
-            let (labels, rest) = parse_labels(&line["apiserver_longrunning_requests{".len()..])?;
-            let has = |k: &str, v: &str| labels.iter().any(|(lk, lv)| lk == k && lv == v);
-            if !has("verb", "WATCH") || !has("resource", resource) || !has("subresource", "") {
-                return None;
-            }
-            rest.split_whitespace().next()?.parse::<f64>().ok()
-        })
-        .sum::<f64>() as u64
+    prom::sum(
+        text,
+        "apiserver_longrunning_requests",
+        &[
+            ("verb", "WATCH"),
+            ("resource", resource),
+            ("subresource", ""),
+        ],
+    ) as u64
 }
 
 /// How many `verb` requests (e.g. `"LIST"`) of `resource` the API server has completed: the
 /// sum of its `apiserver_request_total` counters for them, from a `/metrics` text.
 pub fn api_requests_in(text: &str, verb: &str, resource: &str) -> u64 {
-    text.lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-        .filter_map(|line| {
-            let (labels, rest) = parse_labels(&line["apiserver_request_total{".len()..])?;
-            let has = |k: &str, v: &str| labels.iter().any(|(lk, lv)| lk == k && lv == v);
-            if !has("verb", verb) || !has("resource", resource) || !has("subresource", "") {
-                return None;
-            }
-            rest.split_whitespace().next()?.parse::<f64>().ok()
-        })
-        .sum::<f64>() as u64
+    prom::sum(
+        text,
+        "apiserver_request_total",
+        &[("verb", verb), ("resource", resource), ("subresource", "")],
+    ) as u64
 }
 
 impl Drop for TestCluster {
@@ -653,60 +646,6 @@ impl Drop for TestCluster {
                 self.dir.path().display()
             );
         }
-    }
-}
-
-/// Sums the Prometheus text-format samples of metric `name` whose label `key` equals
-/// `value` exactly.
-pub fn sum_samples_with_label(text: &str, name: &str, key: &str, value: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|line| {
-            let open = line.find('{')?;
-            if &line[..open] != name {
-                return None;
-            }
-            let (labels, rest) = parse_labels(&line[open + 1..])?;
-            if !labels.iter().any(|(k, v)| k == key && v == value) {
-                return None;
-            }
-            rest.split_whitespace().next()?.parse::<f64>().ok()
-        })
-        .sum()
-}
-
-/// Parses `a="x",b="y\"z"} rest` into labels and `rest`.
-fn parse_labels(s: &str) -> Option<(Vec<(String, String)>, &str)> {
-    let mut labels = Vec::new();
-    let mut rest = s;
-    loop {
-        rest = rest.trim_start_matches([',', ' ']);
-        if let Some(after) = rest.strip_prefix('}') {
-            return Some((labels, after));
-        }
-        let eq = rest.find('=')?;
-        let key = rest[..eq].trim().to_string();
-        let mut chars = rest[eq + 1..].char_indices();
-        if chars.next()?.1 != '"' {
-            return None;
-        }
-        let mut value = String::new();
-        let mut end = None;
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '\\' => match chars.next()?.1 {
-                    'n' => value.push('\n'),
-                    other => value.push(other),
-                },
-                '"' => {
-                    end = Some(eq + 1 + i + 1);
-                    break;
-                }
-                c => value.push(c),
-            }
-        }
-        labels.push((key, value));
-        rest = &rest[end?..];
     }
 }
 
