@@ -4,7 +4,8 @@
 //! probe. `apply(now, input) -> effects`, like `core::upstream::step`; the CachedObject
 //! holds the store, the window and the waiting clients and carries the effects out.
 //!
-//! The rules are 1.20's watch cache: a read at `min_rv` is served once the key is synced
+//! The rules are the watch cache's (1.20's, unchanged on the reference v1.37.2: its
+//! `watch_cache.go`): a read at `min_rv` is served once the key is synced
 //! and its progress has reached `min_rv` (`waitUntilFreshAndBlock`); until the first list
 //! it waits up to the sync timeout, after that up to the block timeout (3 s), then fails
 //! with "Too large resource version" (or "not synced" before the first list). Lists and

@@ -1,5 +1,6 @@
-//! Label and field selectors parsed and evaluated as kube-apiserver 1.20 does
-//! (`labels.Parse`, `fields.ParseSelector` and the core registries' field labels).
+//! Label and field selectors parsed and evaluated as the kube-apiserver does
+//! (`labels.Parse`, `fields.ParseSelector` and the core registries' field labels; written
+//! against 1.20, the field labels checked again on the reference, v1.37.2).
 
 use std::collections::BTreeSet;
 
@@ -625,7 +626,7 @@ fn unescape(value: &str) -> Result<String> {
     Ok(out)
 }
 
-/// What kcache does with one field label of a resource, as kube-apiserver 1.20 treats it.
+/// What kcache does with one field label of a resource, as the kube-apiserver treats it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LabelSupport {
     /// The API server selects on it and kcache evaluates it the same way.
@@ -639,7 +640,9 @@ pub enum LabelSupport {
     Upstream,
 }
 
-/// How kube-apiserver 1.20 treats field `label` of `group`/`resource`. Every resource
+/// How the kube-apiserver treats field `label` of `group`/`resource` (the same on 1.20 and
+/// the reference, v1.37.2, for the resources refused here; the Pod labels added since —
+/// `spec.hostNetwork`, `status.podIPs`, `spec.host` — go upstream). Every resource
 /// selects on `metadata.name`; namespaced ones on `metadata.namespace`. Only resources
 /// whose complete label set kcache models (ConfigMaps, Secrets, Namespaces, Nodes) refuse
 /// anything; any other unmodelled label goes upstream.
@@ -739,7 +742,7 @@ impl FieldSelector {
             .map(|r| r.value.as_str())
     }
 
-    /// Checks every field label against kube-apiserver 1.20's rules for the resource
+    /// Checks every field label against the kube-apiserver's rules for the resource
     /// ([`label_support`]): refuses the first refused one in the API server's (sorted)
     /// order; `Ok(false)` when some label is the API server's to evaluate, `Ok(true)`
     /// when kcache can serve the selector.
