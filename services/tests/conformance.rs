@@ -31,6 +31,26 @@ enum Outcome {
     Skipped,
 }
 
+/// Failures the e2e specs are known to have on a busy API server, whatever is in front of
+/// it: (what the failure says, the upstream reports). A spec that fails through kcache or
+/// the fleet with one of these is run once more, alone, through the same kcache; only if
+/// it fails again is it a problem. Any other failure is one at once.
+const KNOWN_UPSTREAM_FLAKES: [(&str, &str); 1] = [(
+    // `DeleteV1CustomResourceDefinition` waits 30 s for the CRD to leave discovery; its
+    // finalizer takes longer on a loaded API server (this rig runs three, and seven spec
+    // runners, on two cores).
+    "failed to delete CustomResourceDefinition",
+    "kubernetes/kubernetes#129989, kubernetes/kubernetes#138086",
+)];
+
+/// The upstream reports of the known flake `failure` is, if it is one.
+fn known_flake(failure: &str) -> Option<&'static str> {
+    KNOWN_UPSTREAM_FLAKES
+        .iter()
+        .find(|(says, _)| failure.contains(says))
+        .map(|(_, reports)| *reports)
+}
+
 /// The applicable specs, one full spec text per line: `conformance/specs.txt`, or the
 /// file `KCACHE_E2E_SPECS` names (to run a few while working on them).
 fn specs() -> Vec<String> {
@@ -86,6 +106,15 @@ fn unescape_xml(s: &str) -> String {
 /// Every spec in a ginkgo JUnit report: `<testcase name="…">` with a `<failure>`,
 /// `<skipped>` or nothing inside.
 fn parse_junit(xml: &str) -> BTreeMap<String, Outcome> {
+    junit_cases(xml)
+        .into_iter()
+        .map(|(name, (outcome, _))| (name, outcome))
+        .collect()
+}
+
+/// [`parse_junit`] with each failed spec's failure text (its `<failure>` or `<error>`
+/// body and message, unescaped).
+fn junit_cases(xml: &str) -> BTreeMap<String, (Outcome, String)> {
     let mut out = BTreeMap::new();
     let mut rest = xml;
     while let Some(start) = rest.find("<testcase ") {
@@ -120,7 +149,12 @@ fn parse_junit(xml: &str) -> BTreeMap<String, Outcome> {
                 None if body.contains("<skipped") => Outcome::Skipped,
                 None => Outcome::Passed,
             };
-            out.insert(name, outcome);
+            let failure = if outcome == Outcome::Failed {
+                unescape_xml(body)
+            } else {
+                String::new()
+            };
+            out.insert(name, (outcome, failure));
         }
         rest = &rest[body_end.max(1)..];
     }
@@ -156,12 +190,7 @@ fn kubeconfig(dir: &Path, name: &str, server: &str) -> PathBuf {
 
 /// Runs `specs` with the runner against `kubeconfig`; the outcome of each spec, and the
 /// runner's output (for the failure message).
-async fn run_specs(
-    dir: &Path,
-    name: &str,
-    kubeconfig: &Path,
-    specs: &[String],
-) -> (BTreeMap<String, Outcome>, PathBuf) {
+async fn run_specs(dir: &Path, name: &str, kubeconfig: &Path, specs: &[String]) -> Run {
     let report = dir.join(format!("report-{name}"));
     let log = dir.join(format!("e2e-{name}.log"));
     let log_file = std::fs::File::create(&log).expect("e2e log");
@@ -197,13 +226,35 @@ async fn run_specs(
         let _ = child.kill().await;
     }
     let mut outcomes = BTreeMap::new();
+    let mut failures = BTreeMap::new();
     if let Ok(entries) = std::fs::read_dir(&report) {
         for e in entries.flatten() {
             let xml = std::fs::read_to_string(e.path()).unwrap_or_default();
-            merge(&mut outcomes, parse_junit(&xml));
+            let cases = junit_cases(&xml);
+            for (spec, (_, failure)) in &cases {
+                if !failure.is_empty() {
+                    failures.insert(spec.clone(), failure.clone());
+                }
+            }
+            merge(
+                &mut outcomes,
+                cases.into_iter().map(|(k, (o, _))| (k, o)).collect(),
+            );
         }
     }
-    (outcomes, log)
+    Run {
+        outcomes,
+        failures,
+        log,
+    }
+}
+
+/// What one runner reported: each spec's outcome, the failed ones' failure texts, and its
+/// output.
+struct Run {
+    outcomes: BTreeMap<String, Outcome>,
+    failures: BTreeMap<String, String>,
+    log: PathBuf,
 }
 
 fn tail(path: &Path, lines: usize) -> String {
@@ -270,39 +321,62 @@ async fn kubernetes_api_machinery_specs_pass_through_kcache() {
     )
     .await;
     let elapsed = started.elapsed();
-    // Per mode: each spec's outcome, and the runners' logs.
+    // Per mode: each spec's outcome, and the runners' logs; per spec failed through a
+    // kcache, its failure text and the kubeconfig of the run it failed in.
     let mut modes: BTreeMap<&str, (BTreeMap<String, Outcome>, Vec<PathBuf>)> = BTreeMap::new();
-    for ((name, _, _), (outcomes, log)) in runs.iter().zip(results) {
+    let mut failed_in: BTreeMap<(&str, String), (String, PathBuf)> = BTreeMap::new();
+    for ((name, cfg, _), run) in runs.iter().zip(results) {
         let mode = name.split('-').next().unwrap_or(name);
+        for (spec, failure) in run.failures {
+            failed_in.insert((mode, spec), (failure, cfg.clone()));
+        }
         let entry = modes.entry(mode).or_default();
-        merge(&mut entry.0, outcomes);
-        entry.1.push(log);
+        merge(&mut entry.0, run.outcomes);
+        entry.1.push(run.log);
     }
     let (direct, direct_logs) = &modes["direct"];
     let (single, single_logs) = &modes["single"];
     let (fleet_outcomes, fleet_logs) = &modes["fleet"];
     let mut problems = Vec::new();
     let mut failed_directly = Vec::new();
+    let mut flaked = Vec::new();
     let mut counts = [0usize; 3];
     for spec in &specs {
         let d = direct.get(spec).copied();
-        let s = single.get(spec).copied();
-        let f = fleet_outcomes.get(spec).copied();
         match d {
             None => problems.push(format!(
                 "did not run at all (specs.txt out of date?): {spec}"
             )),
             Some(Outcome::Passed) => {
                 counts[0] += 1;
-                if s == Some(Outcome::Passed) {
-                    counts[1] += 1;
-                } else {
-                    problems.push(format!("passes directly, {s:?} through kcache: {spec}"));
-                }
-                if f == Some(Outcome::Passed) {
-                    counts[2] += 1;
-                } else {
-                    problems.push(format!("passes directly, {f:?} through the fleet: {spec}"));
+                let through = [
+                    ("single", "kcache", single.get(spec).copied(), 1),
+                    ("fleet", "the fleet", fleet_outcomes.get(spec).copied(), 2),
+                ];
+                for (mode, what, outcome, slot) in through {
+                    if outcome == Some(Outcome::Passed) {
+                        counts[slot] += 1;
+                        continue;
+                    }
+                    // A known upstream flake is run once more, alone, through the same
+                    // kcache: only a second failure is kcache's.
+                    let again = failed_in
+                        .get(&(mode, spec.clone()))
+                        .and_then(|(failure, cfg)| known_flake(failure).map(|r| (r, cfg)));
+                    if let Some((reports, cfg)) = again {
+                        let name = format!("{mode}-again-{}", flaked.len() + problems.len());
+                        let run = run_specs(&dir, &name, cfg, std::slice::from_ref(spec)).await;
+                        if run.outcomes.get(spec) == Some(&Outcome::Passed) {
+                            counts[slot] += 1;
+                            flaked.push(format!(
+                                "through {what}, failed as a known upstream flake ({reports}), passed when run again: {spec}"
+                            ));
+                            continue;
+                        }
+                    }
+                    problems.push(format!(
+                        "passes directly, {outcome:?} through {what}: {spec}"
+                    ));
                 }
             }
             Some(other) => failed_directly.push(format!("{other:?} directly: {spec}")),
@@ -316,7 +390,7 @@ async fn kubernetes_api_machinery_specs_pass_through_kcache() {
         counts[1],
         counts[2]
     );
-    for f in &failed_directly {
+    for f in failed_directly.iter().chain(&flaked) {
         eprintln!("  {f}");
     }
     // A rig where the specs do not even pass directly judges nothing.
@@ -331,16 +405,30 @@ async fn kubernetes_api_machinery_specs_pass_through_kcache() {
             .collect::<Vec<_>>()
             .join("\n---\n")
     );
+    // A flake allowance is not a way around a failing spec: a few, or the rig is too
+    // loaded to judge.
+    assert!(
+        flaked.len() <= 2,
+        "{} specs needed a second run:\n{}",
+        flaked.len(),
+        flaked.join("\n")
+    );
     if !problems.is_empty() {
         let mut logs = String::new();
         for l in single_logs.iter().chain(fleet_logs.iter()) {
             logs.push_str(&format!("\n--- {}:\n{}", l.display(), tail(l, 40)));
         }
+        let fleet_tails: Vec<String> = fleet
+            .iter()
+            .enumerate()
+            .map(|(i, r)| format!("kcache (fleet-{i}):\n{}", r.log_tail()))
+            .collect();
         panic!(
-            "{} problems:\n{}\n\n{logs}\n\nkcache (single):\n{}",
+            "{} problems:\n{}\n\n{logs}\n\nkcache (single):\n{}\n\n{}",
             problems.len(),
             problems.join("\n"),
-            one.log_tail()
+            one.log_tail(),
+            fleet_tails.join("\n\n")
         );
     }
 }
@@ -377,6 +465,16 @@ fn junit_reports_parse() {
         Outcome::Failed
     );
     assert_eq!(got["a \"quoted\" & skipped"], Outcome::Skipped);
+    // Failure texts, and which of them are known upstream flakes.
+    let cases = junit_cases(xml);
+    let (_, failure) = &cases["[sig-api-machinery] Servers with support for Table transformation should return a 406 for a backend which does not implement metadata [Conformance]"];
+    assert!(failure.contains("x < y"), "{failure}");
+    assert_eq!(known_flake(failure), None);
+    assert!(cases["v2 passed"].1.is_empty());
+    assert!(known_flake(
+        "[FAILED] failed to delete CustomResourceDefinition(e2e-test-x-crds.example.com): context deadline exceeded"
+    )
+    .is_some());
     assert_eq!(got["self-closing"], Outcome::Passed);
     assert_eq!(
         focus(&["a [b] (c).d".into(), "e|f".into()]),
