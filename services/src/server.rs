@@ -208,7 +208,14 @@ pub async fn run(
     });
     // Readiness opens once the API server has answered discovery for every cached
     // resource (their scope and kind) and whether it accepts anonymous requests; until
-    // then every request is proxied.
+    // then every request is proxied. In a fleet, also not before every peer's interest
+    // has been heard once (each publishes every interval): a replica restarting into a
+    // fleet that has coalesced a namespace must know it before its clients' requests
+    // arrive, or it starts every name key of that namespace again for a second
+    // (`Registry::adopt_fleet_coalescing`).
+    let fleet_heard_at = fleet
+        .as_ref()
+        .map(|f| tokio::time::Instant::now() + f.interest_interval().mul_f64(1.2));
     {
         let state = state.clone();
         let health = health.clone();
@@ -232,6 +239,9 @@ pub async fn run(
                             crate::api::register_resource_metrics(r);
                         }
                         let _ = state.resources.set(found);
+                        if let Some(at) = fleet_heard_at {
+                            tokio::time::sleep_until(at).await;
+                        }
                         health.ready.store(true, Ordering::Relaxed);
                         return;
                     }

@@ -632,3 +632,50 @@ async fn name_keys_handed_over_to_their_coalesced_namespace_stop_at_once() {
         "cm0's watch: want {want}, got {seen:?}"
     );
 }
+
+/// A replica that joins (or restarts into) a fleet that has coalesced a namespace serves
+/// its clients' requests of those names from the namespace key at once: it starts no
+/// name key — a lease nobody holds any more, an upstream list and watch each — for the
+/// next coalescing check to stop a second later (issue 31.4; the fleet bench saw 100 such
+/// keys per restarted replica).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_joining_a_fleet_that_coalesced_a_namespace_starts_no_name_key() {
+    let cluster = TestCluster::start().await;
+    let nats = support::nats::Nats::start(cluster.dir_path());
+    let a = fleet_replica(&cluster, &nats, "a").await;
+    let admin = cluster.kube_client().await;
+    support::create_namespace(&admin, NS).await;
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(admin, NS);
+    for i in 0..OBJECTS {
+        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("cm{i}")},
+        }))
+        .expect("cm");
+        api.create(&Default::default(), &cm).await.expect("create");
+    }
+    let _on_a = name_watches(&a, "cm", "").await;
+    coalesced_into_one_watch(&a, Duration::from_secs(30), "replica a coalesced").await;
+
+    // Ready only once it has heard the fleet's interest: a's namespace key serves cm0..cm5.
+    let c = fleet_replica(&cluster, &nats, "c").await;
+    let mut on_c = name_watches(&c, "cm", "").await;
+    for w in &mut on_c {
+        let first = support::http::next_events(w, 1).await;
+        assert!(first[0].starts_with("ADDED "), "{first:?}");
+    }
+    assert_eq!(coalesced(&c).await.as_deref(), Some("coalesced"));
+    assert_eq!(name_keys(&c).await, 0, "{:#}", c.debug_keys().await);
+    // Its namespace key mirrors a's; a name key would have been the owner of a lease
+    // nobody held, listing upstream.
+    assert_eq!(
+        c.metric("kcache_upstream_lists_total").await,
+        0.0,
+        "{:#}\n{}",
+        c.debug_keys().await,
+        c.log_tail()
+    );
+    assert_eq!(
+        c.role(&format!("/api/v1/namespaces/{NS}/configmaps")).await,
+        "mirror"
+    );
+}

@@ -56,17 +56,23 @@ pub fn choose(key: &Key, state: impl Fn(&Key) -> KeyState) -> Key {
 /// The key a request of `asked` (a watch from `from_rv`, or 0 for a read) is served by,
 /// from what `look` says of the running keys (their state and `Window::replayable_from`):
 /// the namespace key its names are coalesced into (`coalesced_into`) while that key is
-/// synced — it serves them even while their old keys run out their grace period — else
-/// [`choose`], where a synced covering key whose window does not reach `from_rv` counts as
-/// not ready yet ([`serves_from`]).
+/// synced — it serves them even while their old keys run out their grace period — or
+/// while it is syncing and the name's own key is not running (coalescing was just decided:
+/// the request waits for the namespace key's list rather than start a name key the move
+/// would stop); else [`choose`], where a synced covering key whose window does not reach
+/// `from_rv` counts as not ready yet ([`serves_from`]).
 pub fn route(
     asked: &Key,
     from_rv: u64,
     coalesced_into: Option<&Key>,
     look: impl Fn(&Key) -> (KeyState, u64),
 ) -> Key {
-    if let Some(ns) = coalesced_into.filter(|ns| look(ns).0 == KeyState::Synced) {
-        return ns.clone();
+    if let Some(ns) = coalesced_into {
+        match look(ns).0 {
+            KeyState::Synced => return ns.clone(),
+            KeyState::Syncing if look(asked).0 == KeyState::NotRunning => return ns.clone(),
+            _ => {}
+        }
     }
     choose(asked, |k| match look(k) {
         (KeyState::Synced, reach) if k != asked && !serves_from(reach, from_rv) => {
@@ -191,8 +197,13 @@ mod tests {
             // Coalesced: the namespace key while it is synced, even over the running own key.
             ((Synced, Synced, NotRunning, true, 0), ns("a")),
             ((Synced, Synced, NotRunning, true, 50), ns("a")),
+            // Coalescing just decided, the namespace key syncing: a running own key
+            // serves, a name not running waits for the namespace key.
             ((Synced, Syncing, Synced, true, 0), s.clone()),
-            ((NotRunning, Syncing, Synced, true, 0), cluster()),
+            ((NotRunning, Syncing, Synced, true, 0), ns("a")),
+            ((NotRunning, Syncing, NotRunning, true, 0), ns("a")),
+            // Coalesced, the namespace key not running (not started for want of budget).
+            ((NotRunning, NotRunning, Synced, true, 0), cluster()),
             // Not coalesced: the own key when it runs.
             ((Syncing, Synced, Synced, false, 0), s.clone()),
             // A covering key serves a watch its window reaches, and a read.

@@ -233,6 +233,35 @@ impl Registry {
         });
     }
 
+    /// A request would start a name key (or node key) that another replica serves from
+    /// its group's key: the fleet has coalesced the group (every replica decides on the
+    /// same fleet-wide figures, so this one would too at its next check). Adopted now,
+    /// before the request starts a name key — a lease, an upstream list and watch — that
+    /// the check would stop a second later: a replica restarting into a fleet that has
+    /// coalesced a namespace would otherwise start every name key of it again.
+    pub(super) fn adopt_fleet_coalescing(&mut self, asked: &Key) {
+        let Some(group) = group_key(asked) else {
+            return;
+        };
+        let elsewhere = self
+            .fleet
+            .as_ref()
+            .map_or(0, |f| f.covered_elsewhere(&key_token(asked)));
+        if elsewhere == 0
+            || self.cfg.coalesce_thresholds().min_names == 0
+            || self.keys.contains(asked)
+        {
+            return;
+        }
+        let c = self.coalescing.entry(group.clone()).or_default();
+        if !matches!(c.state, State::Apart) {
+            return;
+        }
+        let names = c.last.0;
+        tracing::info!(key = %group, name = %asked, "the fleet serves this name from its namespace key; coalescing here too");
+        self.coalesce(&group, names);
+    }
+
     fn count(&mut self, ns_key: Key, ctx: &mut Context<Self>) {
         let now = self.now_ms();
         let counted = self.sources.count(&ns_key);

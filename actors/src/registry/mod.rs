@@ -103,6 +103,12 @@ impl FleetInterest {
         groups
     }
 
+    /// How many requests of a small key other replicas serve from a covering key.
+    fn covered_elsewhere(&self, token: &str) -> u64 {
+        self.covered
+            .others(token, self.gossip.replica(), self.now_ms(), self.ttl_ms())
+    }
+
     /// The fleet's refcount of a key.
     fn total(&self, token: &str) -> u64 {
         self.table.total(token, self.now_ms(), self.ttl_ms())
@@ -227,6 +233,7 @@ impl Registry {
         from_rv: u64,
         user: Option<&str>,
     ) -> Result<Held, Error> {
+        self.adopt_fleet_coalescing(&asked);
         let coalesced = coalesce::group_key(&asked)
             .filter(|ns| self.coalescing.get(ns).is_some_and(|c| c.coalesced()));
         let key = cover::route(&asked, from_rv, coalesced.as_ref(), |k| {
