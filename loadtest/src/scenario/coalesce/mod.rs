@@ -39,19 +39,20 @@
 //! above where it settles).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::{payload, splitmix64, Ctx, Op, ScenarioRun, Series, Session, Target, WriteOp};
 use crate::client::ConnPool;
-use crate::probe::{self, PeakRss};
+use crate::probe::PeakRss;
 use crate::watch::Ready;
 
-const NS_PREFIX: &str = "bench-co-";
+mod observe;
+
+use observe::{apiserver_heap, diff, keys_per_namespace, registered_total, snapshot, Sampler};
+
+pub(super) const NS_PREFIX: &str = "bench-co-";
 const ROOT_CA: &str = "kube-root-ca.crt";
 /// After a forced collection of the API server's heap, the time its runtime gets to give
 /// the freed pages back to the system before RSS is read: the baseline and the settled
@@ -66,7 +67,7 @@ const QUIET: Duration = Duration::from_secs(10);
 const MAX_NODES_PER_STEP: usize = 100;
 /// How often the sampler reads the API server's watch count (its /metrics is large;
 /// scraping it costs the API server, which has one core).
-const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+pub(super) const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug)]
 pub struct Params {
@@ -263,283 +264,12 @@ async fn setup(ctx: &Ctx, p: &Params) {
     ));
 }
 
-/// What the servers say at one moment.
-#[derive(Clone, Debug, Default, Serialize)]
-struct Snapshot {
-    apiserver_rss_kib: u64,
-    target_rss_kib: u64,
-    /// The API server's watches by resource.
-    apiserver_watches: BTreeMap<String, f64>,
-    /// The API server's `go_memstats_heap_inuse_bytes`: live heap, which RSS lags behind
-    /// (the Go runtime returns freed memory to the system slowly).
-    apiserver_heap_inuse_bytes: Option<f64>,
-    /// The API server's `go_goroutines`.
-    apiserver_goroutines: Option<f64>,
-    /// kcache's metrics (kcache targets).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    kcache: BTreeMap<&'static str, f64>,
-}
-
-/// The API server's Go memory after a forced garbage collection
-/// (`/debug/pprof/heap?gc=1&debug=1`, whose trailer has the runtime's MemStats): live
-/// memory, which RSS only follows slowly (freed pages go back to the system in the
-/// background, and a Go process's RSS runs up to about twice its live heap).
-#[derive(Clone, Copy, Debug, Default, Serialize)]
-struct Heap {
-    /// `HeapAlloc + StackInuse` right after the collection: live heap objects and
-    /// goroutine stacks (a watch holds goroutines, whose stacks are not heap).
-    live_bytes: u64,
-    heap_alloc_bytes: u64,
-    stack_inuse_bytes: u64,
-    heap_inuse_bytes: u64,
-    heap_released_bytes: u64,
-    sys_bytes: u64,
-}
-
-async fn apiserver_heap(ctx: &Ctx) -> Option<Heap> {
-    let resp = ctx
-        .api
-        .http
-        .get(format!(
-            "{}/debug/pprof/heap?gc=1&debug=1",
-            ctx.args.apiserver
-        ))
-        .bearer_auth(&ctx.args.token)
-        .send()
-        .await
-        .ok()?;
-    if !resp.status().is_success() {
-        ctx.progress.log(&format!(
-            "API server /debug/pprof/heap: HTTP {}",
-            resp.status().as_u16()
-        ));
-        return None;
-    }
-    let text = resp.text().await.ok()?;
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("# {name} = ")))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-    };
-    // "# Stack = <StackInuse> / <StackSys>"
-    let stack = text
-        .lines()
-        .find_map(|l| l.strip_prefix("# Stack = "))
-        .and_then(|v| v.split('/').next())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(0);
-    let heap_alloc = field("HeapAlloc")?;
-    Some(Heap {
-        live_bytes: heap_alloc + stack,
-        heap_alloc_bytes: heap_alloc,
-        stack_inuse_bytes: stack,
-        heap_inuse_bytes: field("HeapInuse")?,
-        heap_released_bytes: field("HeapReleased").unwrap_or(0),
-        sys_bytes: field("Sys").unwrap_or(0),
-    })
-}
-
-/// kcache's metrics the report reads (summed over their label sets).
-const KCACHE_METRICS: &[&str] = &[
-    "kcache_registered_watchers",
-    "kcache_upstream_watches",
-    "kcache_upstream_connections",
-    "kcache_cached_keys",
-    "kcache_synced_keys",
-    "kcache_cached_objects",
-    "kcache_upstream_lists_total",
-    "kcache_upstream_errors_total",
-    "kcache_coalescings_total",
-    "kcache_coalesce_splits_total",
-    "kcache_coalesce_moved_watchers_total",
-    "kcache_covered_requests_total",
-    "kcache_keys_refused_total",
-    "kcache_terminated_watchers_total",
-];
-
-async fn snapshot(ctx: &Ctx, t: &Target) -> Snapshot {
-    let http = &ctx.api.http;
-    let token = &ctx.args.token;
-    let api = probe::scrape(http, &ctx.args.apiserver, token).await;
-    let mut s = Snapshot {
-        apiserver_rss_kib: probe::rss_kib(ctx.args.apiserver_pid),
-        target_rss_kib: probe::rss_kib(t.pid),
-        ..Default::default()
-    };
-    if let Some(text) = &api {
-        s.apiserver_watches = probe::apiserver_watches_by_resource(text);
-        s.apiserver_heap_inuse_bytes = probe::sum_samples(text, "go_memstats_heap_inuse_bytes");
-        s.apiserver_goroutines = probe::sum_samples(text, "go_goroutines");
-    }
-    if !t.is_apiserver() {
-        if let Some(text) = probe::scrape(http, &t.url, token).await {
-            for name in KCACHE_METRICS {
-                s.kcache
-                    .insert(name, probe::sum_samples(&text, name).unwrap_or(0.0));
-            }
-        }
-    }
-    s
-}
-
-fn registered_total(s: &Snapshot) -> f64 {
-    s.apiserver_watches.values().sum()
-}
-
-/// One sample of the sampler.
-#[derive(Clone, Debug, Serialize)]
-struct Sample {
-    seconds: f64,
-    apiserver_watches: f64,
-    apiserver_rss_kib: u64,
-    target_rss_kib: u64,
-    kcache_upstream_watches: Option<f64>,
-}
-
-/// Reads the watch counts and RSS every [`SAMPLE_EVERY`] until stopped.
-struct Sampler {
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<Vec<Sample>>,
-}
-
-impl Sampler {
-    fn start(ctx: &Ctx, t: &Target) -> Sampler {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let (http, token) = (ctx.api.http.clone(), ctx.args.token.clone());
-        let (api_url, api_pid) = (ctx.args.apiserver.clone(), ctx.args.apiserver_pid);
-        let (t_url, t_pid, kcache) = (t.url.clone(), t.pid, !t.is_apiserver());
-        let task = tokio::spawn(async move {
-            let start = Instant::now();
-            let mut out = Vec::new();
-            while !flag.load(Ordering::Relaxed) {
-                let registered = probe::apiserver_watches_at(&http, &api_url, &token)
-                    .await
-                    .unwrap_or(f64::NAN);
-                let upstream = if kcache {
-                    probe::metric(&http, &t_url, &token, "kcache_upstream_watches").await
-                } else {
-                    None
-                };
-                out.push(Sample {
-                    seconds: start.elapsed().as_secs_f64(),
-                    apiserver_watches: registered,
-                    apiserver_rss_kib: probe::rss_kib(api_pid),
-                    target_rss_kib: probe::rss_kib(t_pid),
-                    kcache_upstream_watches: upstream,
-                });
-                let next = Instant::now() + SAMPLE_EVERY;
-                while Instant::now() < next && !flag.load(Ordering::Relaxed) {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-            out
-        });
-        Sampler { stop, task }
-    }
-
-    async fn stop(self) -> Vec<Sample> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.unwrap_or_default()
-    }
-}
-
-/// kcache's keys of the bench namespaces from `/debug/keys`: per namespace and resource
-/// the keys running (each holds one upstream watch: nothing here is immutable) and
-/// whether the namespace key is coalesced.
-async fn keys_per_namespace(ctx: &Ctx, t: &Target) -> Option<Value> {
-    let keys = crate::client::Api::new(&t.url, &ctx.args.token)
-        .get_json("/debug/keys")
-        .await;
-    let keys = match keys {
-        Ok(v) => v,
-        Err(e) => {
-            ctx.progress.log(&format!("/debug/keys: {e}"));
-            return None;
-        }
-    };
-    #[derive(Default)]
-    struct Ns {
-        name_keys: BTreeMap<String, usize>,
-        namespace_keys: BTreeMap<String, usize>,
-        coalesced: BTreeMap<String, bool>,
-    }
-    let mut per_ns: BTreeMap<String, Ns> = BTreeMap::new();
-    let mut other = 0usize;
-    for k in keys["keys"].as_array().into_iter().flatten() {
-        let Some(key) = k["key"].as_str() else {
-            continue;
-        };
-        // /api/v1/namespaces/<ns>/<resource>[/<name>]
-        let parts: Vec<&str> = key.trim_start_matches('/').split('/').collect();
-        match parts.as_slice() {
-            ["api", "v1", "namespaces", ns, resource, rest @ ..]
-                if ns.starts_with(NS_PREFIX) && rest.len() <= 1 =>
-            {
-                let e = per_ns.entry(ns.to_string()).or_default();
-                if rest.is_empty() {
-                    *e.namespace_keys.entry(resource.to_string()).or_default() += 1;
-                    if k["coalescing"].as_str() == Some("coalesced") {
-                        e.coalesced.insert(resource.to_string(), true);
-                    }
-                } else {
-                    *e.name_keys.entry(resource.to_string()).or_default() += 1;
-                }
-            }
-            _ => other += 1,
-        }
-    }
-    let per: Vec<usize> = per_ns
-        .values()
-        .map(|n| n.name_keys.values().sum::<usize>() + n.namespace_keys.values().sum::<usize>())
-        .collect();
-    let total: usize = per.iter().sum();
-    let mut histogram: BTreeMap<usize, usize> = BTreeMap::new();
-    for n in &per {
-        *histogram.entry(*n).or_default() += 1;
-    }
-    let sum_of = |f: &dyn Fn(&Ns) -> usize| per_ns.values().map(f).sum::<usize>();
-    let coalesced_ns = |r: &str| {
-        per_ns
-            .values()
-            .filter(|n| n.coalesced.get(r).copied().unwrap_or(false))
-            .count()
-    };
-    Some(json!({
-        "method": "kcache's /debug/keys after the settle time: running keys of the bench namespaces, each one upstream watch (name keys and namespace keys; nothing is immutable)",
-        "namespaces_with_keys": per_ns.len(),
-        "upstream_watches": total,
-        "max_per_namespace": per.iter().max(),
-        "mean_per_namespace": (!per.is_empty()).then(|| total as f64 / per.len() as f64),
-        "namespaces_over_2": per.iter().filter(|n| **n > 2).count(),
-        "histogram": histogram.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
-        "name_keys": sum_of(&|n| n.name_keys.values().sum()),
-        "namespace_keys": sum_of(&|n| n.namespace_keys.values().sum()),
-        "namespaces_coalesced": {"secrets": coalesced_ns("secrets"), "configmaps": coalesced_ns("configmaps")},
-        "keys_outside_the_bench_namespaces": other,
-    }))
-}
-
 fn variant(t: &Target, p: &Params) -> String {
     match (t.is_apiserver(), p.min_names) {
         (true, _) => "direct".into(),
         (false, 0) => "kcache, coalescing off".into(),
         (false, n) => format!("kcache, coalescing on (coalesce_min_names = {n})"),
     }
-}
-
-fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
-        .chain(
-            before
-                .iter()
-                .filter(|(k, _)| !after.contains_key(*k))
-                .map(|(k, v)| (k.clone(), -v)),
-        )
-        .filter(|(_, v)| *v != 0.0)
-        .collect()
 }
 
 pub async fn run(ctx: &Ctx) -> ScenarioRun {
