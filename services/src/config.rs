@@ -39,6 +39,9 @@ pub struct Config {
     pub nats: kcache_actors::config::NatsConfig,
     /// Resources cached in addition to the defaults.
     pub resources: Vec<ResourceEntry>,
+    /// Keys kept cached, and in a fleet published over NATS, with no client asking
+    /// (`crate::declared`).
+    pub publish: Vec<crate::declared::PublishEntry>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -14,6 +14,7 @@
 //! - [`tls`]: serving certificates.
 //! - [`hangup`]: clients that left while their response was idle.
 //! - [`upstream_version`]: the supported upstream Kubernetes versions, said at start.
+//! - [`declared`]: keys kept cached (and published in a fleet) with no client asking.
 
 pub mod access;
 pub mod api;
@@ -22,6 +23,7 @@ pub mod auth;
 pub mod authz;
 pub mod cert_identity;
 pub mod config;
+pub mod declared;
 pub mod discovery;
 pub mod fairness;
 pub mod fresh;

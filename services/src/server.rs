@@ -219,6 +219,8 @@ pub async fn run(
     {
         let state = state.clone();
         let health = health.clone();
+        let registry = registry.clone();
+        let publish = cfg.publish.clone();
         let anonymous_allowed_by_config = cfg.auth.anonymous;
         let anonymous_client = anonymous_client(&kube_config_for_probe)?;
         actix_web::rt::spawn(async move {
@@ -237,6 +239,13 @@ pub async fn run(
                         let _ = state.table_columns.set(columns);
                         for r in found.values() {
                             crate::api::register_resource_metrics(r);
+                        }
+                        let (declared, refused) = crate::declared::keys(&publish, &found);
+                        for why in refused {
+                            tracing::error!("{why}; that entry is ignored");
+                        }
+                        if !declared.is_empty() {
+                            registry.do_send(kcache_actors::registry::Declare { keys: declared });
                         }
                         let _ = state.resources.set(found);
                         if let Some(at) = fleet_heard_at {

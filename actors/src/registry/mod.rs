@@ -55,6 +55,9 @@ pub struct Registry {
     fleet: Option<FleetInterest>,
     /// Adaptive coalescing, by namespace key (`coalesce`).
     coalescing: HashMap<Key, coalesce::Coalescing>,
+    /// Keys the configuration keeps cached with no client asking ([`Declare`]): one
+    /// reference each, never released.
+    declared: HashSet<Key>,
     started: std::time::Instant,
 }
 
@@ -128,6 +131,7 @@ impl Registry {
             replica,
             fleet: None,
             coalescing: HashMap::new(),
+            declared: HashSet::new(),
             started: std::time::Instant::now(),
         }
     }
@@ -413,6 +417,16 @@ pub struct Moved {
     pub asked: Key,
 }
 
+/// Keep `keys` cached with no client asking — declared interest (`[[publish]]`): in a
+/// fleet each is owned and published over NATS like any key with a reference, for plain
+/// NATS subscribers. One reference each, never released; a key the key budget refuses is
+/// logged and counted (`kcache_keys_refused_total`), as a client's would be.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Declare {
+    pub keys: Vec<Key>,
+}
+
 /// Take a reference held for `duration`: gets and lists keep their key (or the key that
 /// covers it) cached for the grace period so repeated reads hit the cache.
 #[derive(Message)]
@@ -482,6 +496,9 @@ pub struct KeyInfo {
     /// (`core::coalesce`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub coalescing: Option<&'static str>,
+    /// Kept cached by the configuration (`[[publish]]`), whoever else asks.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub declared: bool,
     /// Fleet fields, present when running with `--nats`.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<FleetKeyInfo>,
@@ -596,6 +613,27 @@ impl Handler<DrainAll> for Registry {
     }
 }
 
+impl Handler<Declare> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, msg: Declare, _ctx: &mut Self::Context) {
+        for key in msg.keys {
+            if self.declared.contains(&key) {
+                continue;
+            }
+            match self.acquire_for(key.clone(), None) {
+                Ok(_) => {
+                    tracing::info!(key = %key, "declared interest: keeping the key cached (and published, in a fleet)");
+                    self.declared.insert(key);
+                }
+                Err(error) => {
+                    tracing::warn!(key = %key, %error, "declared interest refused: the key budget is spent")
+                }
+            }
+        }
+    }
+}
+
 impl Handler<GetDebugKeys> for Registry {
     type Result = MessageResult<GetDebugKeys>;
 
@@ -630,6 +668,7 @@ impl Handler<GetDebugKeys> for Registry {
                     c
                 },
                 coalescing: self.coalescing.get(k).and_then(|c| c.label()),
+                declared: self.declared.contains(k),
                 fleet: self.fleet.as_ref().map(|fleet| {
                     let f = e.value.status.fleet();
                     FleetKeyInfo {
