@@ -223,6 +223,15 @@ pub struct NatsConfig {
     /// More public keys (32 bytes, base64) whose signatures are accepted: the next key
     /// during a rotation. `kcache nats-public-key FILE` prints a signing key's.
     pub verify_key_files: Vec<String>,
+    /// Keys one NATS subscriber (one reply inbox) may ask to keep published at once on
+    /// `<prefix>.want.<key>` (`docs/nats.md`).
+    pub want_per_asker: usize,
+    /// Subscriber asks one replica holds at once, all askers together.
+    pub want_total: usize,
+    /// How long an ask keeps its key when it names no `ttlSecs`; asks renew before it ends.
+    pub want_ttl_secs: u64,
+    /// The longest `ttlSecs` an ask may name.
+    pub want_ttl_max_secs: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -266,6 +275,10 @@ impl Default for NatsConfig {
             encryption_active_key: None,
             signing_key_file: None,
             verify_key_files: Vec::new(),
+            want_per_asker: 100,
+            want_total: 10_000,
+            want_ttl_secs: 60,
+            want_ttl_max_secs: 300,
         }
     }
 }

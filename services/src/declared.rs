@@ -4,7 +4,8 @@
 //!
 //! Each entry names a cached resource and a scope, as the subject contract names keys:
 //! a namespace and a name (one object), a namespace (all of it), a name alone (an object
-//! of a cluster-scoped resource), or nothing (the resource everywhere). [`keys`] turns the
+//! of a cluster-scoped resource), a node (the pods of one node), or nothing (the resource
+//! everywhere). The same rules resolve the keys NATS subscribers ask for (`nats_wants`). [`keys`] turns the
 //! entries into keys once discovery has said which resources are cached and their scope;
 //! an entry that names no cached resource, or a scope the resource does not have, is
 //! refused with its reason (logged at start), never guessed.
@@ -28,6 +29,8 @@ pub enum Error {
     ClusterScoped(String),
     #[error("{what} {value:?} is not a valid object name")]
     InvalidName { what: &'static str, value: String },
+    #[error("a node key is the pods of one node: pods only, with no namespace or name")]
+    NodeNotPods,
 }
 
 /// One `[[publish]]` entry.
@@ -41,6 +44,8 @@ pub struct PublishEntry {
     pub resource: String,
     pub namespace: Option<String>,
     pub name: Option<String>,
+    /// The pods of one node (`fieldSelector=spec.nodeName`, the kubelet's pod watch).
+    pub node: Option<String>,
 }
 
 impl std::fmt::Display for PublishEntry {
@@ -56,6 +61,9 @@ impl std::fmt::Display for PublishEntry {
         }
         if let Some(n) = &self.name {
             write!(f, " name={n}")?;
+        }
+        if let Some(n) = &self.node {
+            write!(f, " node={n}")?;
         }
         Ok(())
     }
@@ -76,15 +84,27 @@ pub fn keys(entries: &[PublishEntry], resources: &Resources) -> (Vec<Key>, Vec<S
     (keys, refused)
 }
 
-fn key(e: &PublishEntry, resources: &Resources) -> Result<Key, Error> {
+/// The key one entry names among the cached `resources`.
+pub fn key(e: &PublishEntry, resources: &Resources) -> Result<Key, Error> {
     let id = (e.group.clone(), e.version.clone(), e.resource.clone());
     let Some(r) = resources.get(&id) else {
         return Err(Error::NotCached);
     };
-    for (what, v) in [("namespace", &e.namespace), ("name", &e.name)] {
+    for (what, v) in [
+        ("namespace", &e.namespace),
+        ("name", &e.name),
+        ("node", &e.node),
+    ] {
         if let Some(v) = v {
             valid(what, v)?;
         }
+    }
+    if let Some(node) = &e.node {
+        let pods = r.group.is_empty() && r.resource == "pods";
+        if !pods || e.namespace.is_some() || e.name.is_some() {
+            return Err(Error::NodeNotPods);
+        }
+        return Ok(Key::new(Arc::clone(r), Scope::Node(node.clone())));
     }
     let scope = match (r.namespaced, e.namespace.clone(), e.name.clone()) {
         (true, Some(namespace), Some(name)) => Scope::Name {
@@ -124,6 +144,7 @@ mod tests {
         let mut r = Resources::new();
         for (res, kind, namespaced) in [
             ("configmaps", "ConfigMap", true),
+            ("pods", "Pod", true),
             ("namespaces", "Namespace", false),
         ] {
             r.insert(
@@ -141,6 +162,14 @@ mod tests {
             resource: resource.into(),
             namespace: namespace.map(str::to_string),
             name: name.map(str::to_string),
+            node: None,
+        }
+    }
+
+    fn node(resource: &str, namespace: Option<&str>, node: &str) -> PublishEntry {
+        PublishEntry {
+            node: Some(node.into()),
+            ..entry(resource, namespace, None)
         }
     }
 
@@ -181,6 +210,10 @@ mod tests {
                 bad("name", ".."),
             ),
             (entry("configmaps", Some(""), None), bad("namespace", "")),
+            (node("pods", None, "n1"), Ok("pods node n1")),
+            (node("pods", Some("a"), "n1"), Err(Error::NodeNotPods)),
+            (node("configmaps", None, "n1"), Err(Error::NodeNotPods)),
+            (node("pods", None, "a/b"), bad("node", "a/b")),
         ];
         for (e, want) in cases {
             let got = key(&e, &r).map(|k| describe(&k));

@@ -14,7 +14,8 @@
 //! - [`tls`]: serving certificates.
 //! - [`hangup`]: clients that left while their response was idle.
 //! - [`upstream_version`]: the supported upstream Kubernetes versions, said at start.
-//! - [`declared`]: keys kept cached (and published in a fleet) with no client asking.
+//! - [`declared`]: keys kept cached (and published in a fleet) with no client asking;
+//!   [`nats_wants`]: the same for keys NATS subscribers ask for.
 
 pub mod access;
 pub mod api;
@@ -29,6 +30,7 @@ pub mod fairness;
 pub mod fresh;
 pub mod hangup;
 pub mod limits;
+pub mod nats_wants;
 pub mod plan;
 pub mod process;
 pub mod proxy;

@@ -262,6 +262,16 @@ pub async fn run(
             }
         });
     }
+    // NATS subscribers' asks to keep keys published (`<prefix>.want.<key>`).
+    if let Some(f) = &fleet {
+        let state = state.clone();
+        actix_web::rt::spawn(crate::nats_wants::serve(
+            f.client().clone(),
+            Arc::new(cfg.nats.clone()),
+            move || state.resources.get().cloned(),
+            registry.clone(),
+        ));
+    }
     let Listeners {
         api: listener,
         admin: admin_listener,

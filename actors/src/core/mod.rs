@@ -37,6 +37,7 @@ pub mod store;
 pub mod subject;
 pub mod time;
 pub mod upstream;
+pub mod wants;
 pub mod watchers;
 pub mod window;
 pub mod wire;

@@ -31,6 +31,8 @@ use crate::feed::{KeyStatus, RoleKind, SourceFactory};
 use crate::fleet::interest::{Gossip, RemoteInterest};
 
 pub use crate::core::refs::Error;
+pub use crate::core::wants::{Error as WantError, Limits as WantLimits};
+use crate::core::wants::{Wanted, Wants};
 
 /// A running key as the registry holds it, beside its references (`core::refs`).
 struct Slot {
@@ -58,6 +60,9 @@ pub struct Registry {
     /// Keys the configuration keeps cached with no client asking ([`Declare`]): one
     /// reference each, never released.
     declared: HashSet<Key>,
+    /// Keys NATS subscribers asked for ([`Want`]): one reference each while anyone's
+    /// interest lasts (`core::wants`).
+    wants: Wants<Key>,
     started: std::time::Instant,
 }
 
@@ -132,6 +137,7 @@ impl Registry {
             fleet: None,
             coalescing: HashMap::new(),
             declared: HashSet::new(),
+            wants: Wants::default(),
             started: std::time::Instant::now(),
         }
     }
@@ -373,6 +379,7 @@ impl Actor for Registry {
             ctx.run_interval(fleet.interval, |act, _| act.publish_interest());
         }
         ctx.run_interval(coalesce::CHECK_EVERY, |act, ctx| act.check_coalescing(ctx));
+        ctx.run_interval(WANTS_EXPIRE_EVERY, |act, ctx| act.expire_wants(ctx));
     }
 }
 
@@ -426,6 +433,23 @@ pub struct Moved {
 pub struct Declare {
     pub keys: Vec<Key>,
 }
+
+/// A NATS subscriber's interest in `key` (`<prefix>.want.<key>`, `docs/nats.md`): the
+/// key is kept cached — in a fleet owned and published — until `ttl` after the asker's
+/// last ask. Bounded per asker and in all (`limits`); the first interest in a key passes
+/// the replica's key budget, as a client's key start does.
+#[derive(Message)]
+#[rtype(result = "Result<(), WantError>")]
+pub struct Want {
+    pub key: Key,
+    /// Who asks: the reply subject's inbox prefix.
+    pub asker: String,
+    pub ttl: Duration,
+    pub limits: WantLimits,
+}
+
+/// How often expired subscriber interest is released.
+const WANTS_EXPIRE_EVERY: Duration = Duration::from_secs(1);
 
 /// Take a reference held for `duration`: gets and lists keep their key (or the key that
 /// covers it) cached for the grace period so repeated reads hit the cache.
@@ -499,6 +523,9 @@ pub struct KeyInfo {
     /// Kept cached by the configuration (`[[publish]]`), whoever else asks.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub declared: bool,
+    /// NATS subscribers whose interest keeps it cached (`Want`).
+    #[serde(rename = "wantedBy", skip_serializing_if = "is_zero")]
+    pub wanted_by: usize,
     /// Fleet fields, present when running with `--nats`.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<FleetKeyInfo>,
@@ -634,6 +661,42 @@ impl Handler<Declare> for Registry {
     }
 }
 
+impl Handler<Want> for Registry {
+    type Result = Result<(), WantError>;
+
+    fn handle(&mut self, msg: Want, _ctx: &mut Self::Context) -> Self::Result {
+        let now = self.now_ms();
+        let ttl = msg.ttl.as_millis() as u64;
+        match self
+            .wants
+            .want(&msg.key, &msg.asker, now, ttl, msg.limits)?
+        {
+            Wanted::Again => Ok(()),
+            Wanted::First => match self.acquire_for(msg.key.clone(), None) {
+                Ok(_) => {
+                    tracing::info!(key = %msg.key, asker = %msg.asker, "a NATS subscriber wants the key; keeping it cached");
+                    Ok(())
+                }
+                Err(e) => {
+                    self.wants.undo(&msg.key, &msg.asker);
+                    Err(WantError::Budget(e.to_string()))
+                }
+            },
+        }
+    }
+}
+
+impl Registry {
+    /// Releases the keys whose last subscriber interest expired.
+    fn expire_wants(&mut self, ctx: &mut Context<Self>) {
+        let now = self.now_ms();
+        for key in self.wants.expire(now) {
+            tracing::info!(key = %key, "no NATS subscriber wants the key any more");
+            self.release(&key, &key, ctx);
+        }
+    }
+}
+
 impl Handler<GetDebugKeys> for Registry {
     type Result = MessageResult<GetDebugKeys>;
 
@@ -669,6 +732,7 @@ impl Handler<GetDebugKeys> for Registry {
                 },
                 coalescing: self.coalescing.get(k).and_then(|c| c.label()),
                 declared: self.declared.contains(k),
+                wanted_by: self.wants.askers(k),
                 fleet: self.fleet.as_ref().map(|fleet| {
                     let f = e.value.status.fleet();
                     FleetKeyInfo {
@@ -694,4 +758,8 @@ impl Handler<GetDebugKeys> for Registry {
             groups,
         })
     }
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
