@@ -240,23 +240,25 @@ impl Registry {
     /// the check would stop a second later: a replica restarting into a fleet that has
     /// coalesced a namespace would otherwise start every name key of it again.
     pub(super) fn adopt_fleet_coalescing(&mut self, asked: &Key) {
+        // Cheapest first: this runs for every request of a name or node key.
+        let Some(fleet) = &self.fleet else {
+            return;
+        };
+        if self.keys.contains(asked) || self.cfg.coalesce_thresholds().min_names == 0 {
+            return;
+        }
         let Some(group) = group_key(asked) else {
             return;
         };
-        let elsewhere = self
-            .fleet
-            .as_ref()
-            .map_or(0, |f| f.covered_elsewhere(&key_token(asked)));
-        if elsewhere == 0
-            || self.cfg.coalesce_thresholds().min_names == 0
-            || self.keys.contains(asked)
+        if self
+            .coalescing
+            .get(&group)
+            .is_some_and(|c| !matches!(c.state, State::Apart))
+            || fleet.covered_elsewhere(&key_token(asked)) == 0
         {
             return;
         }
         let c = self.coalescing.entry(group.clone()).or_default();
-        if !matches!(c.state, State::Apart) {
-            return;
-        }
         let names = c.last.0;
         tracing::info!(key = %group, name = %asked, "the fleet serves this name from its namespace key; coalescing here too");
         self.coalesce(&group, names);
