@@ -110,30 +110,11 @@ async fn main() {
         })
         .collect();
     let http = http();
-    let api = Api {
-        http: http.clone(),
-        apiserver: args.apiserver.clone(),
-        token: args.token.clone(),
-        namespace: args.namespace.clone(),
-        secrets: args.secrets,
-    };
+    let api = Api::new(&args.apiserver, &args.token, &args.namespace, args.secrets);
     // Setup: the namespace and the secrets (idempotent).
-    let _ = http
-        .post(format!("{}/api/v1/namespaces", args.apiserver))
-        .bearer_auth(&args.token)
-        .json(&json!({"metadata": {"name": args.namespace}}))
-        .send()
-        .await;
+    api.create_namespace().await;
     for i in 0..args.secrets {
-        let _ = http
-            .post(format!(
-                "{}/api/v1/namespaces/{}/secrets",
-                args.apiserver, args.namespace
-            ))
-            .bearer_auth(&args.token)
-            .json(&json!({"metadata": {"name": format!("s{i}")}, "stringData": {"t": "0"}}))
-            .send()
-            .await;
+        api.create(i).await;
     }
     // The API server's Secret watches (`apiserver_registered_watchers`, which this read
     // before, was removed in 1.25).

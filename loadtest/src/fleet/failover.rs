@@ -36,16 +36,7 @@ pub async fn run(
     let target = fo[0];
     let target_path = api.path(target);
     for &key in &fo {
-        let _ = api
-            .http
-            .post(format!(
-                "{}/api/v1/namespaces/{}/configmaps",
-                api.apiserver, api.namespace
-            ))
-            .bearer_auth(&api.token)
-            .json(&json!({"metadata": {"name": format!("fo{}", key - api.secrets)}, "data": {"t": "0"}}))
-            .send()
-            .await;
+        api.create(key).await;
     }
     let mut expected_added = sink.lock().expect("c").added;
     for (r, rep) in replicas.iter().enumerate() {
@@ -113,7 +104,7 @@ pub async fn run(
     };
     let mut ledger = Ledger::new(replicas.len());
     let all: Vec<usize> = (0..replicas.len()).collect();
-    ledger.refresh(replicas, &api.token, &all).await;
+    ledger.refresh(replicas, api.token(), &all).await;
     let start_total = ledger.total();
     let timeout = Duration::from_secs(p.recover_timeout_secs);
     let mut per_kill = Vec::new();
@@ -133,7 +124,7 @@ pub async fn run(
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut split = 0;
         let (victim, owned) = loop {
-            let (owners, owned) = ownership(replicas, &api.token, &target_path).await;
+            let (owners, owned) = ownership(replicas, api.token(), &target_path).await;
             if owners.len() == 1 {
                 break (Some(owners[0]), owned);
             }
@@ -159,7 +150,7 @@ pub async fn run(
             .filter(|key| victim_keys.contains(&api.path(*key)))
             .collect();
         let survivors: Vec<usize> = all.iter().copied().filter(|r| *r != victim).collect();
-        ledger.refresh(replicas, &api.token, &all).await;
+        ledger.refresh(replicas, api.token(), &all).await;
         let before = ledger.total();
 
         let kill_at = now_ns();
@@ -238,7 +229,7 @@ pub async fn run(
                 .map(|(_, m)| m.unwrap_or(cap))
                 .fold(first.unwrap_or(cap), f64::max),
         );
-        let (new_owners, _) = ownership(replicas, &api.token, &target_path).await;
+        let (new_owners, _) = ownership(replicas, api.token(), &target_path).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
 
         // Start the victim again, reopen its watches, let the fleet settle.
@@ -295,7 +286,7 @@ pub async fn run(
         };
         missing_total += missing;
 
-        ledger.refresh(replicas, &api.token, &all).await;
+        ledger.refresh(replicas, api.token(), &all).await;
         let delta = sub(ledger.total(), before);
         let explained = victim_keys.len() as f64;
         explained_total += explained;

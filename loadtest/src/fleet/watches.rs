@@ -99,17 +99,56 @@ impl Collected {
     }
 }
 
-/// Key indices: `0..secrets` are Secrets `s<i>`, then ConfigMaps `fo<j>`.
+/// The bench's objects on the API server, written through the load tests' write client
+/// (`client::Api`, the bench token). Key indices: `0..secrets` are Secrets `s<i>`, then
+/// ConfigMaps `fo<j>`.
 #[derive(Clone)]
 pub struct Api {
-    pub http: reqwest::Client,
-    pub apiserver: String,
-    pub token: String,
+    pub server: crate::client::Api,
     pub namespace: String,
     pub secrets: usize,
 }
 
 impl Api {
+    pub fn new(apiserver: &str, token: &str, namespace: &str, secrets: usize) -> Api {
+        Api {
+            server: crate::client::Api::new(apiserver, token),
+            namespace: namespace.to_string(),
+            secrets,
+        }
+    }
+
+    pub fn token(&self) -> &str {
+        &self.server.token
+    }
+
+    /// Creates the namespace (setup is idempotent: one that exists is fine).
+    pub async fn create_namespace(&self) {
+        let ns = json!({"metadata": {"name": self.namespace}});
+        if let Err(e) = self.server.ensure("/api/v1/namespaces", &ns).await {
+            eprintln!("namespace {}: {e}", self.namespace);
+        }
+    }
+
+    /// Creates `key`'s object with its first stamp (one that exists is fine).
+    pub async fn create(&self, key: usize) {
+        let (collection, body) = if key < self.secrets {
+            (
+                "secrets",
+                json!({"metadata": {"name": format!("s{key}")}, "stringData": {"t": "0"}}),
+            )
+        } else {
+            (
+                "configmaps",
+                json!({"metadata": {"name": format!("fo{}", key - self.secrets)}, "data": {"t": "0"}}),
+            )
+        };
+        let path = format!("/api/v1/namespaces/{}/{collection}", self.namespace);
+        if let Err(e) = self.server.ensure(&path, &body).await {
+            eprintln!("creating {}: {e}", self.path(key));
+        }
+    }
+
     pub fn path(&self, key: usize) -> String {
         if key < self.secrets {
             format!("/api/v1/namespaces/{}/secrets/s{key}", self.namespace)
@@ -134,25 +173,21 @@ impl Api {
         )
     }
 
-    /// Writes the current time into the object; the time, if the API server took it.
+    /// Writes the current time into the object; the time, if the API server took it
+    /// within 10 s.
     pub async fn write(&self, key: usize) -> Option<u128> {
         let t = now_ns();
-        let body = if key < self.secrets {
+        let patch = if key < self.secrets {
             json!({"stringData": {"t": t.to_string()}})
         } else {
             json!({"data": {"t": t.to_string()}})
         };
-        let resp = self
-            .http
-            .patch(format!("{}{}", self.apiserver, self.path(key)))
-            .bearer_auth(&self.token)
-            .header("content-type", "application/merge-patch+json")
-            .timeout(Duration::from_secs(10))
-            .body(body.to_string())
-            .send()
-            .await
-            .ok()?;
-        resp.status().is_success().then_some(t)
+        let path = self.path(key);
+        let written = self.server.merge_patch(&path, &patch);
+        match tokio::time::timeout(Duration::from_secs(10), written).await {
+            Ok(Ok(())) => Some(t),
+            _ => None,
+        }
     }
 }
 
@@ -232,7 +267,7 @@ pub fn open_watches(
             spawn_watch(
                 rep.client.clone(),
                 format!("{}{}", rep.url, api.watch_path(key)),
-                api.token.clone(),
+                api.token().to_string(),
                 r,
                 key,
                 key < api.secrets,
