@@ -171,18 +171,29 @@ mod tests {
             ((NotRunning, Syncing, Syncing), s.clone()),
         ];
         for ((own, namespace, whole), want) in cases {
-            let state = |k: &Key| {
-                if *k == s {
-                    own
-                } else if *k == ns("a") {
-                    namespace
-                } else if *k == cluster() {
-                    whole
-                } else {
-                    NotRunning
-                }
-            };
+            let state = states(&s, own, namespace, whole);
             assert_eq!(choose(&s, state), want, "{own:?} {namespace:?} {whole:?}");
+        }
+    }
+
+    /// The state of `s`'s own key, its namespace key `a` and the cluster key; every other
+    /// key not running.
+    fn states(
+        s: &Key,
+        own: KeyState,
+        namespace: KeyState,
+        whole: KeyState,
+    ) -> impl Fn(&Key) -> KeyState + '_ {
+        move |k: &Key| {
+            if k == s {
+                own
+            } else if *k == ns("a") {
+                namespace
+            } else if *k == cluster() {
+                whole
+            } else {
+                KeyState::NotRunning
+            }
         }
     }
 
@@ -216,18 +227,8 @@ mod tests {
             ((Synced, Synced, Synced, false, 50), s.clone()),
         ];
         for ((own, namespace, whole, coalesced, from), want) in cases {
-            let look = |k: &Key| {
-                let state = if *k == s {
-                    own
-                } else if *k == ns("a") {
-                    namespace
-                } else if *k == cluster() {
-                    whole
-                } else {
-                    NotRunning
-                };
-                (state, 100)
-            };
+            let state = states(&s, own, namespace, whole);
+            let look = |k: &Key| (state(k), 100);
             let into = coalesced.then(|| ns("a"));
             assert_eq!(
                 route(&s, from, into.as_ref(), look),
