@@ -232,6 +232,21 @@ pub struct NatsConfig {
     pub want_ttl_secs: u64,
     /// The longest `ttlSecs` an ask may name.
     pub want_ttl_max_secs: u64,
+    /// Keep each published key's recent events in a JetStream stream, so a subscriber
+    /// that was away resumes from its last seq without a snapshot (`core::retain`). Costs
+    /// the NATS server one stored message per event (not per heartbeat) within the limits
+    /// below, and each owner a second publish per event.
+    pub retain: bool,
+    /// The stream's name (created, or updated to these limits, by the replicas).
+    pub retain_stream: String,
+    /// Events kept per key (JetStream `max_msgs_per_subject`).
+    pub retain_max_msgs_per_key: i64,
+    /// Bytes kept over all keys; the oldest events go first.
+    pub retain_max_bytes: i64,
+    /// How long an event is kept: a subscriber away longer takes a snapshot.
+    pub retain_max_age_secs: u64,
+    /// Copies of the stream in a NATS cluster (1–5).
+    pub retain_replicas: u32,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -279,6 +294,12 @@ impl Default for NatsConfig {
             want_total: 10_000,
             want_ttl_secs: 60,
             want_ttl_max_secs: 300,
+            retain: false,
+            retain_stream: "KCACHE_EVENTS".into(),
+            retain_max_msgs_per_key: 10_000,
+            retain_max_bytes: 1 << 30,
+            retain_max_age_secs: 600,
+            retain_replicas: 1,
         }
     }
 }

@@ -315,6 +315,15 @@ mod tests {
         assert_eq!(cfg.nats.listener_buffer, def.nats.listener_buffer);
         assert_eq!(cfg.nats.subject_prefix, def.nats.subject_prefix);
         assert_eq!(cfg.nats.encrypt_resources, def.nats.encrypt_resources);
+        assert_eq!(cfg.nats.retain, def.nats.retain);
+        assert_eq!(cfg.nats.retain_stream, def.nats.retain_stream);
+        assert_eq!(
+            cfg.nats.retain_max_msgs_per_key,
+            def.nats.retain_max_msgs_per_key
+        );
+        assert_eq!(cfg.nats.retain_max_bytes, def.nats.retain_max_bytes);
+        assert_eq!(cfg.nats.retain_max_age_secs, def.nats.retain_max_age_secs);
+        assert_eq!(cfg.nats.retain_replicas, def.nats.retain_replicas);
     }
 
     #[test]

@@ -150,7 +150,7 @@ pub async fn run(
                 signing,
                 upstream.clone(),
                 upstream_health.clone(),
-            ))
+            )?)
         }
         None => None,
     };

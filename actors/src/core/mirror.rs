@@ -110,6 +110,20 @@ impl<T> Mirror<T> {
         self.buffer.clear();
     }
 
+    /// Continues from a position kept by an earlier run (a subscriber that was away):
+    /// synced at `seq` of `epoch` with no snapshot. The next event must be `seq + 1` of that
+    /// epoch; a jump, a heartbeat ahead or a new epoch asks for a snapshot as usual. A
+    /// position below the epoch already accepted is ignored (its owner is fenced off).
+    pub fn resume(&mut self, now_ms: u64, epoch: u64, seq: u64) {
+        if epoch < self.epoch {
+            return;
+        }
+        self.epoch = epoch;
+        self.seq = Some(seq);
+        self.heard_ms = now_ms;
+        self.buffer.clear();
+    }
+
     /// Feeds one message.
     pub fn on(&mut self, now_ms: u64, input: Input<T>) -> Vec<Output<T>> {
         let mut out = Vec::new();
@@ -320,6 +334,51 @@ mod tests {
         assert_eq!(gate.admit(8, 1_500), Gate::Check);
         assert!(gate.settle(8, "r2", Ok(Some((8, "r2"))), 1_500));
         assert_eq!(gate.admit(8, 1_501), Gate::Pass);
+    }
+
+    #[test]
+    fn a_resumed_position_continues_without_a_snapshot_until_it_does_not_fit() {
+        // (what follows a resume at epoch 3 seq 10, what the mirror says)
+        type Case = (&'static str, Input<u8>, Vec<Output<u8>>);
+        let table: Vec<Case> = vec![
+            (
+                "the next event",
+                Input::Event(st(3, 11), 1),
+                vec![Output::Apply(st(3, 11), 1)],
+            ),
+            ("an event already had", Input::Event(st(3, 10), 1), vec![]),
+            (
+                "a jump",
+                Input::Event(st(3, 12), 1),
+                vec![Output::Resync(Resync::Gap)],
+            ),
+            (
+                "a heartbeat at the position",
+                Input::Heartbeat(st(3, 10)),
+                vec![Output::Progress(310)],
+            ),
+            (
+                "a heartbeat ahead",
+                Input::Heartbeat(st(3, 12)),
+                vec![Output::Resync(Resync::Gap)],
+            ),
+            (
+                "a new owner",
+                Input::Event(st(4, 1), 1),
+                vec![Output::Resync(Resync::NewEpoch)],
+            ),
+        ];
+        for (name, input, want) in table {
+            let mut m: Mirror<u8> = Mirror::new(10_000, 10);
+            m.resume(0, 3, 10);
+            assert!(m.synced(), "{name}");
+            assert_eq!(m.on(1, input), want, "{name}");
+        }
+        // A position of a fenced-off owner is not taken.
+        let mut m: Mirror<u8> = Mirror::new(10_000, 10);
+        m.on(0, Input::Snapshot(st(5, 1), 0));
+        m.resume(1, 3, 10);
+        assert_eq!((m.epoch(), m.seq()), (5, Some(1)));
     }
 
     fn st(epoch: u64, seq: u64) -> Stamp {

@@ -28,6 +28,7 @@ pub mod page;
 pub mod proto;
 pub mod refs;
 pub mod relist;
+pub mod retain;
 pub mod role;
 pub mod rv;
 pub mod seal;

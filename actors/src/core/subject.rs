@@ -189,6 +189,16 @@ impl Subjects {
         format!("{}.ev.>", self.prefix)
     }
 
+    /// A key's retained events (`core::retain`): each event again, before it goes live.
+    pub fn log(&self, token: &str) -> String {
+        format!("{}.log.{token}", self.prefix)
+    }
+
+    /// Every key's retained events: the retention stream's subjects.
+    pub fn all_logs(&self) -> String {
+        format!("{}.log.>", self.prefix)
+    }
+
     /// Snapshot requests of a key, answered by its owner to the request's reply inbox.
     pub fn snapshot(&self, token: &str) -> String {
         format!("{}.snap.{token}", self.prefix)

@@ -39,6 +39,8 @@ pub enum Error {
     NoEncryptionKey(String),
     #[error("[nats] {name} = {value:?} is not a NATS subject prefix (dot-separated tokens, no wildcards or whitespace)")]
     Prefix { name: &'static str, value: String },
+    #[error(transparent)]
+    Retain(#[from] crate::core::retain::Error),
     #[error("[nats] tls_cert_file and tls_key_file go together: set both or neither")]
     HalfClientCertificate,
     #[error("cannot connect to NATS at {url}: {source}")]

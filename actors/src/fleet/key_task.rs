@@ -303,6 +303,7 @@ impl KeyTask {
             keyring: self.opener.keyring.clone(),
             signer: fleet.signer(),
             chunk_max: fleet.chunk_max(),
+            log_subject: fleet.retain.then(|| fleet.subjects.log(&self.token)),
         };
         let (read, upstream) = self.start_upstream();
         // The publisher follows the key before the key reads upstream: it sees every event

@@ -31,6 +31,8 @@ pub struct Outlet {
     /// The fleet's signing key: every message is signed when set (`core::sign`).
     pub signer: Option<Arc<Signer>>,
     pub chunk_max: usize,
+    /// The key's retained-events subject, when the fleet retains them (`core::retain`).
+    pub log_subject: Option<String>,
 }
 
 impl Outlet {
@@ -78,6 +80,15 @@ impl Outlet {
             }
             if let Some(sig) = &signature {
                 headers.insert(wire::H_SIGNATURE, sig.as_str());
+            }
+            // The retained copy goes first: a subscriber that subscribes live and then
+            // replays the log finds every event in one of the two.
+            if let (Kind::Event, Some(log)) = (kind, &self.log_subject) {
+                self.client
+                    .publish_with_headers(log.clone(), headers.clone(), part.clone())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                metrics::counter!(m::NATS_OUT).increment(1);
             }
             self.client
                 .publish_with_headers(subject.to_string(), headers, part)

@@ -26,6 +26,7 @@ mod key_task;
 pub mod leases;
 pub mod listener;
 pub mod presence;
+pub mod retain;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -38,6 +39,7 @@ use tokio::sync::{mpsc, watch};
 use crate::config::NatsConfig;
 use crate::core::key::Key;
 use crate::core::mirror::{EpochGate, Mirror};
+use crate::core::retain::Limits;
 use crate::core::role::{RoleMachine, Timing};
 use crate::core::seal::Keyring;
 use crate::core::sign::{Signer, Verifier};
@@ -60,6 +62,8 @@ pub struct Fleet {
     /// The fleet's signing key and accepted public keys, when it signs (`core::sign`).
     signing: Option<(Arc<Signer>, Arc<Verifier>)>,
     leases: leases::Leases,
+    /// Owners also publish each event on its key's log subject (`core::retain`).
+    retain: bool,
     upstream: Arc<UpstreamSource>,
     /// The replica's view of the fleet, renewed every [`TICK`]; its renewal is every key
     /// task's tick.
@@ -121,9 +125,19 @@ impl Fleet {
         signing: Option<(Arc<Signer>, Arc<Verifier>)>,
         upstream: Arc<UpstreamSource>,
         health: Arc<UpstreamHealth>,
-    ) -> Arc<Self> {
+    ) -> Result<Arc<Self>> {
         m::describe_fleet();
+        let retain = Limits::from_config(&cfg)?;
         let subjects = Subjects::new(&cfg.subject_prefix);
+        let retaining = retain.is_some();
+        if let Some(limits) = retain {
+            tokio::spawn(retain::keep(
+                client.clone(),
+                limits,
+                subjects.all_logs(),
+                Duration::from_secs(5),
+            ));
+        }
         let presence = presence::Presence::start(
             client.clone(),
             subjects.clone(),
@@ -135,8 +149,9 @@ impl Fleet {
         );
         let (view_tx, view) = watch::channel(View::read(&client, &presence, &health));
         tokio::spawn(renew_view(view_tx, client.clone(), presence, health));
-        Arc::new(Fleet {
+        Ok(Arc::new(Fleet {
             leases: leases::Leases::new(client.clone(), cfg.clone(), replica.clone()),
+            retain: retaining,
             subjects,
             client,
             cfg,
@@ -146,7 +161,7 @@ impl Fleet {
             upstream,
             view,
             started: Instant::now(),
-        })
+        }))
     }
 
     pub fn replica(&self) -> &str {
