@@ -206,6 +206,19 @@ impl Api {
         Self::check(resp).map(drop)
     }
 
+    /// JSON merge patch of an object path; the object as the server returned it.
+    pub async fn merge_patch_object(&self, path: &str, patch: &Value) -> Result<Value, ApiError> {
+        let resp = self
+            .http
+            .patch(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .header("Content-Type", "application/merge-patch+json")
+            .body(patch.to_string())
+            .send()
+            .await?;
+        Ok(Self::check(resp)?.json().await?)
+    }
+
     pub async fn delete(&self, path: &str) -> Result<(), ApiError> {
         let resp = self
             .http
