@@ -24,6 +24,13 @@ pub const H_KEY_ID: &str = "Kcache-Key-Id";
 /// `<key id>.<base64 Ed25519 signature>` over the associated data and the whole body
 /// (`core::sign`), on every chunk of a signed message.
 pub const H_SIGNATURE: &str = "Kcache-Signature";
+/// The subject contract's version (`docs/nats.md`, Versioning), on every message. It
+/// changes only when a reader of the old contract would misread a message; additions a
+/// reader can ignore (a header, a field) keep it. A message without it is version 1 (the
+/// owners before the header).
+pub const H_CONTRACT: &str = "Kcache-Contract";
+/// The contract version this code writes, and the highest it reads.
+pub const CONTRACT_VERSION: u32 = 1;
 
 /// The largest event a mirror reassembles. An event is one object, and Kubernetes bounds
 /// objects, not keys: etcd refuses a write above `--max-request-bytes` (1.5 MiB by
@@ -51,6 +58,8 @@ pub enum Error {
     Header(&'static str),
     #[error("unknown message type {0:?}")]
     Type(String),
+    #[error("a message of subject contract version {0}; this reader knows up to {CONTRACT_VERSION}: upgrade it")]
+    Contract(u32),
     #[error("chunk {index}/{total} out of order (expected {expected})")]
     ChunkOrder {
         index: u32,
@@ -121,6 +130,7 @@ impl Frame {
             (H_SEQ, self.seq.to_string()),
             (H_RV, self.rv.to_string()),
             (H_OWNER, self.owner.clone()),
+            (H_CONTRACT, CONTRACT_VERSION.to_string()),
         ];
         if let Some((i, n)) = self.chunk {
             h.push((H_CHUNK, format!("{i}/{n}")));
@@ -163,6 +173,13 @@ impl Frame {
                 .and_then(|v| v.trim().parse().ok())
                 .ok_or(Error::Header(name))
         };
+        // Checked first: a later contract may mean other things by the headers below.
+        if let Some(v) = get(H_CONTRACT) {
+            let v: u32 = v.trim().parse().map_err(|_| Error::Header(H_CONTRACT))?;
+            if v > CONTRACT_VERSION {
+                return Err(Error::Contract(v));
+            }
+        }
         let kind = match get(H_TYPE).ok_or(Error::Header(H_TYPE))? {
             "event" => Kind::Event,
             "heartbeat" => Kind::Heartbeat,
@@ -550,6 +567,28 @@ mod tests {
                 "{v}"
             );
         }
+        // The contract's version: a later one is refused before anything else is read,
+        // an unreadable one too; an absent one is the first.
+        assert_eq!(map.get(H_CONTRACT).map(String::as_str), Some("1"));
+        let mut later = map.clone();
+        later.insert(H_CONTRACT, "2".into());
+        later.insert(H_TYPE, "what".into());
+        assert_eq!(
+            Frame::parse(|n| later.get(n).map(String::as_str)),
+            Err(Error::Contract(2))
+        );
+        let mut bad = map.clone();
+        bad.insert(H_CONTRACT, "v1".into());
+        assert_eq!(
+            Frame::parse(|n| bad.get(n).map(String::as_str)),
+            Err(Error::Header(H_CONTRACT))
+        );
+        let mut old = map.clone();
+        old.remove(H_CONTRACT);
+        assert_eq!(
+            Frame::parse(|n| old.get(n).map(String::as_str)),
+            Ok(f.clone())
+        );
         let mut bad = map;
         bad.insert(H_TYPE, "what".into());
         assert!(matches!(
