@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
+use kcache_subscriber::{follow, Options, Update};
 use serde_json::{json, Value};
 use support::kcache::Kcache;
 use support::nats_conf::{replica_toml, ConfNats};
@@ -81,7 +82,7 @@ async fn documented_permissions_scope_a_reader_to_its_namespace() {
     let toml = replica_toml(
         d,
         &nats.url(),
-        "user = \"kcache\"\npassword = \"kcache-pw\"\nencrypt_resources = []",
+        "user = \"kcache\"\npassword = \"kcache-pw\"\nencrypt_resources = []\nretain = true",
     );
     let a = Kcache::start_with_args(&cluster, &toml, &["--replica-id", "a"]).await;
     let b = Kcache::start_with_args(&cluster, &toml, &["--replica-id", "b"]).await;
@@ -291,6 +292,79 @@ async fn documented_permissions_scope_a_reader_to_its_namespace() {
             "nats-server refused {violation:?}:\n{log}"
         );
     }
+
+    // Resume (issue 30.2): the reader replays its own key's retained log — a consumer
+    // whose create subject names team-a's log, answers under its own inbox prefix — and
+    // the server refuses it one on team-b's.
+    let resumer = async_nats::ConnectOptions::new()
+        .user_and_password("team-a-reader".into(), "reader-pw".into())
+        .custom_inbox_prefix("_INBOX_team-a")
+        .connect(nats.url())
+        .await
+        .expect("connect");
+    let mut opts = Options::new("kcache", team_a);
+    opts.retain_stream = Some("KCACHE_EVENTS".into());
+    let mut sub = follow(resumer.clone(), opts.clone(), None)
+        .await
+        .expect("follow");
+    let position = loop {
+        let u = tokio::time::timeout(Duration::from_secs(20), sub.next())
+            .await
+            .expect("a snapshot within 20 s")
+            .expect("following");
+        if matches!(u, Update::Snapshot { .. }) {
+            break u.position().expect("a snapshot's position");
+        }
+    };
+    drop(sub);
+    for i in 0..2 {
+        let patch = json!({"data": {"i": i.to_string()}});
+        cms("team-a")
+            .patch("cm", &Default::default(), &kube::api::Patch::Merge(&patch))
+            .await
+            .expect("patch");
+    }
+    let mut sub = follow(resumer.clone(), opts, Some(position))
+        .await
+        .expect("follow again");
+    let mut replayed = 0;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(20), sub.next())
+            .await
+            .expect("an update within 20 s")
+            .expect("following")
+        {
+            Update::Event { replayed: true, .. } => replayed += 1,
+            Update::Resumed { replayed: n } => {
+                assert_eq!((n, replayed), (2, 2), "both writes from the log");
+                break;
+            }
+            Update::Progress { .. } => {}
+            other => panic!("expected the log's events, got {other:?}"),
+        }
+    }
+    let js = async_nats::jetstream::new(resumer);
+    let stream = js
+        .get_stream_no_info("KCACHE_EVENTS")
+        .await
+        .expect("the stream handle");
+    let other = tokio::time::timeout(
+        Duration::from_secs(10),
+        stream.create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+            name: Some("sneak".into()),
+            filter_subject: format!("kcache.log.{team_b}"),
+            ..Default::default()
+        }),
+    )
+    .await;
+    assert!(
+        !matches!(other, Ok(Ok(_))),
+        "a consumer on team-b's log was created"
+    );
+    let violation = format!(
+        "Publish Violation - User \"team-a-reader\", Subject \"$JS.API.CONSUMER.CREATE.KCACHE_EVENTS.sneak.kcache.log.{team_b}"
+    );
+    nats.wait_log(&violation, Duration::from_secs(10));
     for h in holds {
         h.abort();
     }
