@@ -205,6 +205,8 @@ pub const FLEET_BAD_MESSAGES: &str = "kcache_fleet_bad_messages_total";
 pub const FLEET_OVERSIZED: &str = "kcache_fleet_oversized_messages_total";
 pub const FLEET_REJECTED: &str = "kcache_fleet_rejected_messages_total";
 pub const FLEET_PEERS_GONE: &str = "kcache_fleet_peers_gone_total";
+/// Subscribers' resume requests by `result` (`answered`, `failed`, `refused`, `busy`).
+pub const NATS_RESUMES: &str = "kcache_nats_resumes_total";
 pub const UPSTREAM_CUT_OFF: &str = "kcache_upstream_cut_off";
 pub const UPSTREAM_VERSION_SUPPORTED: &str = "kcache_upstream_version_supported";
 pub const UPSTREAM_INFO: &str = "kcache_upstream_info";
@@ -255,6 +257,13 @@ pub fn describe_fleet() {
     for reason in REJECTED_REASONS {
         metrics::counter!(FLEET_REJECTED, "reason" => reason).increment(0);
     }
+    for result in ["answered", "failed", "refused", "busy"] {
+        metrics::counter!(NATS_RESUMES, "result" => result).increment(0);
+    }
+    describe_counter!(
+        NATS_RESUMES,
+        "Subscribers' resume requests (<prefix>.resume.<key>) by result: answered from the retained log, failed (the log could not be read: the subscriber takes a snapshot), refused (not a key, or a reply subject outside its reply space), busy."
+    );
     describe_gauge!(
         FLEET_OWNED_KEYS,
         "Keys this replica owns: it holds their upstream watch and publishes their events."

@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! cargo run -p kcache --example nats_subscribe -- --nats nats://127.0.0.1:4222 \
-//!   --token-file nats-token --key _.v1.configmaps.demo.all._ --retain-stream KCACHE_EVENTS
+//!   --token-file nats-token --key _.v1.configmaps.demo.all._ --from 7:1234
 //! ```
 
 use std::sync::Arc;
@@ -33,10 +33,8 @@ struct Args {
     key_id: String,
     #[arg(long, default_value = "kcache")]
     prefix: String,
-    /// The fleet's retention stream (`[nats] retain_stream`), to resume from.
-    #[arg(long)]
-    retain_stream: Option<String>,
-    /// Resume from `EPOCH:SEQ` (printed when the last run stopped) instead of a snapshot.
+    /// Resume from `EPOCH:SEQ` (printed when the last run stopped): a replica replays the
+    /// retained events after it (`[nats] retain`), else a snapshot.
     #[arg(long)]
     from: Option<String>,
 }
@@ -52,7 +50,6 @@ async fn main() -> Result<(), Error> {
     }
     let client = opts.connect(&args.nats).await?;
     let mut options = Options::new(&args.prefix, &args.key);
-    options.retain_stream = args.retain_stream.clone();
     if let Some(f) = &args.key_file {
         let key =
             base64::engine::general_purpose::STANDARD.decode(std::fs::read_to_string(f)?.trim())?;

@@ -293,17 +293,11 @@ async fn documented_permissions_scope_a_reader_to_its_namespace() {
         );
     }
 
-    // Resume (issue 30.2): the reader replays its own key's retained log — a consumer
-    // whose create subject names team-a's log, answers under its own inbox prefix — and
-    // the server refuses it one on team-b's.
-    let resumer = async_nats::ConnectOptions::new()
-        .user_and_password("team-a-reader".into(), "reader-pw".into())
-        .custom_inbox_prefix("_INBOX_team-a")
-        .connect(nats.url())
-        .await
-        .expect("connect");
-    let mut opts = Options::new("kcache", team_a);
-    opts.retain_stream = Some("KCACHE_EVENTS".into());
+    // Resume (issue 30.2): a replica replays team-a's retained events into the key's reply
+    // space for the reader, who holds no JetStream permission at all — a consumer of its
+    // own could deliver anywhere — and is refused one, even on its own key's log.
+    let resumer = connect(&nats, "team-a-reader", "reader-pw").await;
+    let opts = Options::new("kcache", team_a);
     let mut sub = follow(resumer.clone(), opts.clone(), None)
         .await
         .expect("follow");
@@ -352,17 +346,14 @@ async fn documented_permissions_scope_a_reader_to_its_namespace() {
         Duration::from_secs(10),
         stream.create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
             name: Some("sneak".into()),
-            filter_subject: format!("kcache.log.{team_b}"),
+            filter_subject: format!("kcache.log.{team_a}"),
             ..Default::default()
         }),
     )
     .await;
-    assert!(
-        !matches!(other, Ok(Ok(_))),
-        "a consumer on team-b's log was created"
-    );
+    assert!(!matches!(other, Ok(Ok(_))), "the reader created a consumer");
     let violation = format!(
-        "Publish Violation - User \"team-a-reader\", Subject \"$JS.API.CONSUMER.CREATE.KCACHE_EVENTS.sneak.kcache.log.{team_b}"
+        "Publish Violation - User \"team-a-reader\", Subject \"$JS.API.CONSUMER.CREATE.KCACHE_EVENTS.sneak.kcache.log.{team_a}"
     );
     nats.wait_log(&violation, Duration::from_secs(10));
     for h in holds {

@@ -34,7 +34,6 @@ fn verifier() -> Arc<Verifier> {
 
 fn options(key: &str) -> Options {
     let mut o = Options::new("kcache", key);
-    o.retain_stream = Some(STREAM.into());
     o.verifier = Some(verifier());
     o
 }
@@ -199,28 +198,6 @@ async fn a_subscriber_that_was_away_replays_what_it_missed_and_takes_no_snapshot
             .collect::<Vec<_>>(),
         "then the live writes"
     );
-
-    // Without retention a kept position only holds when nothing was missed: a new
-    // subscriber that names no stream sees the jump and takes a snapshot.
-    let mut o = options(&key);
-    o.retain_stream = None;
-    let stale = Position {
-        epoch: position.epoch,
-        seq: position.seq,
-    };
-    let mut sub = follow(client, o, Some(stale)).await.expect("follow");
-    assert!(matches!(
-        until_synced(&mut sub).await,
-        Update::Resumed { replayed: 0 }
-    ));
-    write(&api, 60, 1).await;
-    loop {
-        match next(&mut sub).await {
-            Update::Snapshot { .. } => break,
-            Update::Event { .. } => panic!("an event applied across a gap"),
-            _ => {}
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -199,6 +199,23 @@ impl Subjects {
         format!("{}.log.>", self.prefix)
     }
 
+    /// Resume requests of a key (`fleet::resume`), answered by one replica from the log.
+    pub fn resume(&self, token: &str) -> String {
+        format!("{}.resume.{token}", self.prefix)
+    }
+
+    /// Every key's resume requests.
+    pub fn all_resumes(&self) -> String {
+        format!("{}.resume.>", self.prefix)
+    }
+
+    /// The key's part of a resume request's subject.
+    pub fn token_of_resume<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        subject
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(".resume.")
+    }
+
     /// Snapshot requests of a key, answered by its owner to the request's reply inbox.
     pub fn snapshot(&self, token: &str) -> String {
         format!("{}.snap.{token}", self.prefix)

@@ -31,6 +31,10 @@ pub const H_SIGNATURE: &str = "Kcache-Signature";
 pub const H_CONTRACT: &str = "Kcache-Contract";
 /// The contract version this code writes, and the highest it reads.
 pub const CONTRACT_VERSION: u32 = 1;
+/// Ends a resume answer (`fleet::resume`): how many retained messages were sent.
+pub const H_RESUME_END: &str = "Kcache-Resume-End";
+/// Ends a resume answer that could not be given (why): take a snapshot.
+pub const H_RESUME_ERROR: &str = "Kcache-Resume-Error";
 
 /// The largest event a mirror reassembles. An event is one object, and Kubernetes bounds
 /// objects, not keys: etcd refuses a write above `--max-request-bytes` (1.5 MiB by

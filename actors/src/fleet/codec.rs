@@ -11,7 +11,7 @@ use thiserror::Error;
 use crate::core::event::StoreEvent;
 use crate::core::object;
 use crate::core::seal::Keyring;
-use crate::core::sign::{self, Verifier};
+use crate::core::sign::{self, Signer, Verifier};
 use crate::core::wire::{self, Frame, Reassembler};
 use crate::feed::OwnerSnapshot;
 use crate::metrics as m;
@@ -103,6 +103,48 @@ impl Opener {
             (None, None) => Ok(Some(body)),
         }
     }
+}
+
+/// One body as the messages an owner publishes (`listener::Outlet::send`): sealed when the
+/// key's resource is — every message, an empty heartbeat too, with its headers as
+/// associated data (`Frame::associated_data`), since a mirror trusts no header a seal
+/// does not vouch for — signed over what a mirror checks when the fleet signs (the headers
+/// it trusts and the body as sent), then chunked. Each message: its headers, its part.
+pub fn encode(
+    mut frame: Frame,
+    token: &str,
+    body: Bytes,
+    keyring: Option<&Keyring>,
+    signer: Option<&Signer>,
+    chunk_max: usize,
+) -> Result<Vec<(async_nats::HeaderMap, Bytes)>, crate::core::seal::Error> {
+    let body = match keyring {
+        Some(ring) => {
+            frame.key_id = Some(ring.active_id().to_string());
+            let ad = frame.associated_data(token);
+            let (_, sealed) = ring.seal(&body, &ad)?;
+            Bytes::from(sealed)
+        }
+        None => body,
+    };
+    let signature = signer.map(|s| s.sign(&[&frame.associated_data(token), &body]));
+    let parts = wire::split(body, chunk_max);
+    let total = parts.len() as u32;
+    Ok(parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, part)| {
+            frame.chunk = (total > 1).then_some((i as u32 + 1, total));
+            let mut headers = async_nats::HeaderMap::new();
+            for (name, value) in frame.headers() {
+                headers.insert(name, value.as_str());
+            }
+            if let Some(sig) = &signature {
+                headers.insert(wire::H_SIGNATURE, sig.as_str());
+            }
+            (headers, part)
+        })
+        .collect())
 }
 
 /// A message's `Kcache-Signature`, if any.

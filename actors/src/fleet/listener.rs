@@ -14,8 +14,9 @@ use bytes::Bytes;
 
 use crate::core::seal::Keyring;
 use crate::core::sign::Signer;
-use crate::core::wire::{self, Frame, Kind};
+use crate::core::wire::{Frame, Kind};
 use crate::feed::Follow;
+use crate::fleet::codec;
 use crate::metrics as m;
 
 /// How an owner writes a key's messages: subject, stamp, sealing and chunking.
@@ -36,9 +37,9 @@ pub struct Outlet {
 }
 
 impl Outlet {
-    /// Publishes one body, chunked as needed. For a sealed resource every message is
-    /// sealed, an empty heartbeat too, with its headers as associated data
-    /// (`Frame::associated_data`): a mirror trusts no header a seal does not vouch for.
+    /// Publishes one body as `codec::encode` makes it: sealed, signed and chunked as the
+    /// key and the fleet require. An event's messages go to the key's log first, when it
+    /// has one.
     pub async fn send(
         &self,
         subject: &str,
@@ -47,7 +48,7 @@ impl Outlet {
         rv: u64,
         body: Bytes,
     ) -> Result<(), String> {
-        let mut frame = Frame {
+        let frame = Frame {
             kind,
             epoch: self.epoch,
             seq,
@@ -56,31 +57,16 @@ impl Outlet {
             chunk: None,
             key_id: None,
         };
-        let body = match &self.keyring {
-            Some(ring) => {
-                frame.key_id = Some(ring.active_id().to_string());
-                let ad = frame.associated_data(&self.token);
-                let (_, sealed) = ring.seal(&body, &ad).map_err(|e| e.to_string())?;
-                Bytes::from(sealed)
-            }
-            None => body,
-        };
-        // Over what a mirror checks: the headers it trusts and the body as sent.
-        let signature = self
-            .signer
-            .as_ref()
-            .map(|s| s.sign(&[&frame.associated_data(&self.token), &body]));
-        let parts = wire::split(body, self.chunk_max);
-        let total = parts.len() as u32;
-        for (i, part) in parts.into_iter().enumerate() {
-            frame.chunk = (total > 1).then_some((i as u32 + 1, total));
-            let mut headers = async_nats::HeaderMap::new();
-            for (name, value) in frame.headers() {
-                headers.insert(name, value.as_str());
-            }
-            if let Some(sig) = &signature {
-                headers.insert(wire::H_SIGNATURE, sig.as_str());
-            }
+        let messages = codec::encode(
+            frame,
+            &self.token,
+            body,
+            self.keyring.as_deref(),
+            self.signer.as_deref(),
+            self.chunk_max,
+        )
+        .map_err(|e| e.to_string())?;
+        for (headers, part) in messages {
             // The retained copy goes first: a subscriber that subscribes live and then
             // replays the log finds every event in one of the two.
             if let (Kind::Event, Some(log)) = (kind, &self.log_subject) {

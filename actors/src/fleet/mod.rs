@@ -26,6 +26,7 @@ mod key_task;
 pub mod leases;
 pub mod listener;
 pub mod presence;
+pub mod resume;
 pub mod retain;
 
 use std::collections::BTreeSet;
@@ -131,12 +132,12 @@ impl Fleet {
         let subjects = Subjects::new(&cfg.subject_prefix);
         let retaining = retain.is_some();
         if let Some(limits) = retain {
-            tokio::spawn(retain::keep(
+            tokio::spawn(resume::serve(
                 client.clone(),
-                limits,
-                subjects.all_logs(),
-                Duration::from_secs(5),
+                subjects.clone(),
+                limits.clone(),
             ));
+            tokio::spawn(retain::keep(client.clone(), limits, subjects.all_logs()));
         }
         let presence = presence::Presence::start(
             client.clone(),

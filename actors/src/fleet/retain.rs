@@ -1,6 +1,8 @@
 //! Keeps the retention stream (`core::retain`) in place: created when a replica starts,
-//! updated to this replica's limits when it exists with others, and checked again until
-//! that succeeds — the NATS server may be down, or JetStream not yet ready, at start.
+//! updated to this replica's limits when it exists with others (every replica of a fleet
+//! must be configured alike), tried every 5 s until that succeeds — the NATS server may
+//! be down, or JetStream not yet ready, at start — and checked every 30 s after, so a
+//! stream deleted or lost with a NATS node's store comes back.
 //!
 //! Owners publish their events' copies on the log subjects whether or not the stream is
 //! there: NATS drops what no stream captures, and a subscriber that resumes across such a
@@ -14,16 +16,24 @@ use bytes::Bytes;
 use crate::core::lease;
 use crate::core::retain::Limits;
 
-/// Creates or updates the stream, retrying every `every` until it is in place.
-pub async fn keep(client: Client, limits: Limits, all_logs: String, every: Duration) {
+const RETRY: Duration = Duration::from_secs(5);
+const RECHECK: Duration = Duration::from_secs(30);
+
+/// Creates or updates the stream, and keeps it so.
+pub async fn keep(client: Client, limits: Limits, all_logs: String) {
     let mut warned = false;
+    let mut in_place = false;
     loop {
         match ensure(&client, &limits, &all_logs).await {
             Ok(()) => {
-                tracing::info!(stream = %limits.stream, subjects = %all_logs, "events are retained for resuming subscribers");
-                return;
+                if !in_place {
+                    tracing::info!(stream = %limits.stream, subjects = %all_logs, "events are retained for resuming subscribers");
+                }
+                in_place = true;
+                warned = false;
             }
             Err(error) => {
+                in_place = false;
                 // Once at warn: a NATS server that comes up late is not news every 5 s.
                 if !warned {
                     tracing::warn!(stream = %limits.stream, %error, "cannot set up the event retention stream yet; subscribers resume from snapshots until it is");
@@ -33,7 +43,7 @@ pub async fn keep(client: Client, limits: Limits, all_logs: String, every: Durat
                 }
             }
         }
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(if in_place { RECHECK } else { RETRY }).await;
     }
 }
 

@@ -1,18 +1,16 @@
-//! The subscriber's task: subscribe, resume or snapshot, then follow live; every decision
-//! is the mirror's (`core::mirror`), this module only moves messages.
+//! The subscriber's task: subscribe, resume (ask a replica for the retained events after
+//! the kept position) or snapshot, then follow live. Every decision
+//! is the [`Session`]'s; this module only moves messages between NATS and it.
 
 use std::time::{Duration, Instant};
 
 use async_nats::{Client, Message, Subscriber};
-use bytes::Bytes;
 use futures::StreamExt;
-use kcache_actors::core::mirror::{Input, Mirror, Output, Resync, Stamp};
 use kcache_actors::core::subject::{parse_key_token, Subjects};
-use kcache_actors::core::wire::{Kind, Reassembler};
-use kcache_actors::fleet::codec::{self, Opener};
+use kcache_actors::fleet::codec::Opener;
 use tokio::sync::mpsc;
 
-use crate::replay;
+use crate::session::{Session, Via};
 use crate::{Error, Options, Position, Update};
 
 /// A key being followed: its updates, in order.
@@ -29,6 +27,8 @@ impl Subscription {
 
     /// Why the task ended, once [`Subscription::next`] returned `None`.
     pub async fn error(mut self) -> Option<Error> {
+        // Closed first: a task waiting to hand out an update ends instead of waiting here.
+        self.updates.close();
         let task = self.task.take()?;
         match task.await {
             Ok(Err(e)) => Some(e),
@@ -63,23 +63,24 @@ pub async fn follow(
     let replies = subscribe(&client, subjects.replies(&opts.key, &nonce)).await?;
     // Both subscriptions are in place at the server before the log is read: an event is
     // in the log (published first) or arrives live, or both.
-    client
-        .flush()
-        .await
-        .map_err(|e| Error::Publish(e.to_string()))?;
+    match tokio::time::timeout(Duration::from_secs(10), client.flush()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(Error::Publish(e.to_string())),
+        Err(_) => return Err(Error::Publish("NATS did not answer a flush in 10 s".into())),
+    }
     let (tx, updates) = mpsc::channel(opts.queue.max(1));
+    let opener = Opener {
+        token: opts.key.clone(),
+        keyring: opts.keyring.clone(),
+        verifier: opts.verifier.clone(),
+    };
     let follower = Follower {
-        opener: Opener {
-            token: opts.key.clone(),
-            keyring: opts.keyring.clone(),
-            verifier: opts.verifier.clone(),
-        },
-        mirror: Mirror::new(10 * opts.snapshot_retry.as_millis() as u64, opts.buffer),
-        ev_parts: Reassembler::default(),
-        log_parts: Reassembler::default(),
-        snap_parts: Reassembler::default(),
+        session: Session::new(
+            opener,
+            10 * opts.snapshot_retry.as_millis() as u64,
+            opts.buffer,
+        ),
         started: Instant::now(),
-        request: 0,
         client,
         subjects,
         nonce,
@@ -100,24 +101,9 @@ async fn subscribe(client: &Client, subject: String) -> Result<Subscriber, Error
         .map_err(|source| Error::Subscribe { subject, source })
 }
 
-/// Where a message came from.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Via {
-    Live,
-    Log,
-    Reply,
-}
-
 pub(crate) struct Follower {
-    pub(crate) opener: Opener,
-    pub(crate) mirror: Mirror<(Kind, Bytes)>,
-    ev_parts: Reassembler,
-    /// The log's chunks apart from the live ones: a replay may end between two chunks
-    /// of an event whose live copy then arrives whole.
-    log_parts: Reassembler,
-    snap_parts: Reassembler,
+    pub(crate) session: Session,
     started: Instant,
-    request: u64,
     client: Client,
     pub(crate) subjects: Subjects,
     pub(crate) nonce: String,
@@ -138,13 +124,9 @@ impl Follower {
         let mut want_snapshot = true;
         if let Some(pos) = from {
             let now = self.now_ms();
-            self.mirror.resume(now, pos.epoch, pos.seq);
-            let replayed = match self.opts.retain_stream.clone() {
-                Some(stream) => replay::log(&mut self, stream).await,
-                None => Ok(Some(0)),
-            };
-            match replayed {
-                Ok(Some(n)) if self.mirror.synced() => {
+            self.session.resume(now, pos);
+            match self.resume(&mut replies, pos).await {
+                Ok(Some(n)) if self.session.synced() => {
                     want_snapshot = false;
                     if self.emit(Update::Resumed { replayed: n }).await.is_err() {
                         return Ok(());
@@ -165,7 +147,7 @@ impl Follower {
                 m = events.next() => (m.ok_or_else(|| Error::Closed(self.subjects.events(&self.opts.key)))?, Via::Live),
                 m = replies.next() => (m.ok_or_else(|| Error::Closed(self.opts.key.clone()))?, Via::Reply),
                 _ = retry.tick() => {
-                    want_snapshot = !self.mirror.synced();
+                    want_snapshot = !self.session.synced();
                     continue;
                 }
             };
@@ -174,10 +156,6 @@ impl Follower {
                 Err(Gone) => return Ok(()),
             }
         }
-    }
-
-    pub(crate) fn client(&self) -> Client {
-        self.client.clone()
     }
 
     fn now_ms(&self) -> u64 {
@@ -189,94 +167,73 @@ impl Follower {
     }
 
     async fn ask_snapshot(&mut self) -> Result<(), Error> {
-        self.snap_parts.reset();
-        self.request += 1;
-        let reply = self
-            .subjects
-            .reply(&self.opts.key, &self.nonce, self.request);
+        let n = self.session.ask();
+        let reply = self.subjects.reply(&self.opts.key, &self.nonce, n);
         self.client
             .publish_with_reply(self.subjects.snapshot(&self.opts.key), reply, "{}".into())
             .await
             .map_err(|e| Error::Publish(e.to_string()))
     }
 
-    /// Feeds one message to the mirror and hands out what it decides; `true` when a
-    /// snapshot is needed.
-    pub(crate) async fn on_message(&mut self, msg: &Message, via: Via) -> Result<bool, Gone> {
-        if msg.headers.is_none() {
-            // "No responders" to a snapshot request: no owner yet; the retry asks again.
-            return Ok(false);
+    /// Asks a replica for the key's retained events after `at` (`fleet::resume`) and
+    /// applies them. `Some(n)`: the answer ended and the position held, `n` events
+    /// applied; `None`: a snapshot is needed — no replica retains events (no responders),
+    /// the log no longer reaches back, the key changed owner, or no answer in time.
+    async fn resume(
+        &mut self,
+        replies: &mut Subscriber,
+        at: Position,
+    ) -> Result<Option<u64>, Gone> {
+        let n = self.session.ask();
+        let reply = self.subjects.reply(&self.opts.key, &self.nonce, n);
+        let body = serde_json::json!({"epoch": at.epoch, "seq": at.seq}).to_string();
+        let asked = self
+            .client
+            .publish_with_reply(self.subjects.resume(&self.opts.key), reply, body.into())
+            .await;
+        if asked.is_err() {
+            self.session.restart();
+            return Ok(None);
         }
-        if via == Via::Reply && !self.answers_current_request(msg) {
-            return Ok(false);
-        }
-        let parts = match via {
-            Via::Reply => &mut self.snap_parts,
-            Via::Live => &mut self.ev_parts,
-            Via::Log => &mut self.log_parts,
-        };
-        let opened = codec::frame(msg).and_then(|frame| {
-            let body = self.opener.body(&frame, msg, parts)?;
-            Ok((frame, body))
-        });
-        let (frame, body) = match opened {
-            Ok((frame, Some(body))) => (frame, body),
-            Ok((_, None)) => return Ok(false),
-            Err(error) => {
-                self.emit(Update::Refused(error.to_string())).await?;
-                self.mirror.restart();
-                self.emit(Update::Resync(Resync::Gap)).await?;
-                return Ok(true);
-            }
-        };
-        let stamp = Stamp {
-            epoch: frame.epoch,
-            seq: frame.seq,
-            rv: frame.rv,
-        };
-        let input = match (frame.kind, via) {
-            (Kind::Heartbeat, Via::Live) => Input::Heartbeat(stamp),
-            (Kind::Event, Via::Live | Via::Log) => Input::Event(stamp, (Kind::Event, body)),
-            (Kind::Snapshot, Via::Reply) => Input::Snapshot(stamp, (Kind::Snapshot, body)),
-            // The owner is not synced yet: the retry asks again.
-            (Kind::NotReady, Via::Reply) => return Ok(false),
-            (kind, _) => {
-                let why = format!("a {} message where none belongs", kind.as_str());
-                self.emit(Update::Refused(why)).await?;
-                return Ok(false);
-            }
-        };
-        let mut resync = false;
-        let now = self.now_ms();
-        for out in self.mirror.on(now, input) {
-            let update = match out {
-                Output::Snapshot(stamp, (_, list)) => Update::Snapshot { stamp, list },
-                Output::Apply(stamp, (_, line)) => Update::Event {
-                    stamp,
-                    line,
-                    replayed: via == Via::Log,
-                },
-                Output::Progress(rv) => Update::Progress { rv },
-                Output::Resync(why) => {
-                    resync = true;
-                    Update::Resync(why)
-                }
-                Output::Stale(stamp) => {
-                    tracing::debug!(epoch = stamp.epoch, "ignored a fenced-off owner's message");
-                    continue;
+        let mut applied = 0;
+        loop {
+            let msg = match tokio::time::timeout(self.opts.replay_timeout, replies.next()).await {
+                Ok(Some(m)) => m,
+                Ok(None) | Err(_) => {
+                    tracing::debug!(key = %self.opts.key, "no resume answer in time; taking a snapshot");
+                    self.session.restart();
+                    return Ok(None);
                 }
             };
-            self.emit(update).await?;
+            let now = self.now_ms();
+            let step = self.session.on(now, &msg, Via::Log);
+            for update in step.updates {
+                applied += u64::from(matches!(update, Update::Event { .. }));
+                self.emit(update).await?;
+            }
+            if step.resync {
+                return Ok(None);
+            }
+            match step.end {
+                Some(Ok(_)) => return Ok(Some(applied)),
+                Some(Err(why)) => {
+                    tracing::debug!(key = %self.opts.key, %why, "no resume from the log; taking a snapshot");
+                    self.session.restart();
+                    return Ok(None);
+                }
+                None => {}
+            }
         }
-        Ok(resync)
     }
 
-    /// Answers to an earlier request (already retried) are not this snapshot's chunks.
-    fn answers_current_request(&self, msg: &Message) -> bool {
-        msg.subject
-            .rsplit('.')
-            .next()
-            .and_then(|n| n.parse::<u64>().ok())
-            == Some(self.request)
+    /// Feeds one message to the session and hands out its updates; `true` when a
+    /// snapshot is needed.
+    pub(crate) async fn on_message(&mut self, msg: &Message, via: Via) -> Result<bool, Gone> {
+        let now = self.now_ms();
+        let step = self.session.on(now, msg, via);
+        for update in step.updates {
+            self.emit(update).await?;
+        }
+        Ok(step.resync)
     }
 }

@@ -3,13 +3,14 @@
 //! the tests alike.
 //!
 //! [`follow`] subscribes to the key's events, then either resumes from a kept
-//! [`Position`] by replaying the key's retained log (`[nats] retain`), or asks the key's
-//! owner for a snapshot; from there it applies events in seq order and resynchronises from
-//! a snapshot on a gap or a new owner. The decisions are `kcache_actors::core::mirror`'s;
-//! this crate carries them out against NATS and hands out [`Update`]s.
+//! [`Position`] — a replica replays the key's retained events after it (`[nats] retain`,
+//! `fleet::resume`) — or asks the key's owner for a snapshot; from there it applies events
+//! in seq order and resynchronises from a snapshot on a gap or a new owner. The decisions
+//! are the [`Session`]'s (over `kcache_actors::core::mirror`); this crate carries them out
+//! against NATS and hands out [`Update`]s.
 
 mod follow;
-mod replay;
+mod session;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +22,7 @@ use kcache_actors::core::sign::Verifier;
 use serde::{Deserialize, Serialize};
 
 pub use follow::{follow, Subscription};
+pub use session::{Session, Step, Via};
 
 /// Why following a key failed.
 #[derive(Debug, thiserror::Error)]
@@ -50,12 +52,9 @@ pub struct Options {
     pub keyring: Option<Arc<Keyring>>,
     /// The fleet's public keys: set, only messages signed by one of them are taken.
     pub verifier: Option<Arc<Verifier>>,
-    /// The retention stream (`[nats] retain_stream`) to resume from; `None`: a kept
-    /// position is only good while nothing was missed.
-    pub retain_stream: Option<String>,
     /// An unanswered snapshot request is sent again after this long.
     pub snapshot_retry: Duration,
-    /// A replay of the log that stays silent this long is given up for a snapshot.
+    /// A resume answer that stays silent this long is given up for a snapshot.
     pub replay_timeout: Duration,
     /// Events held while a snapshot is on the way.
     pub buffer: usize,
@@ -71,7 +70,6 @@ impl Options {
             key: key.to_string(),
             keyring: None,
             verifier: None,
-            retain_stream: None,
             snapshot_retry: Duration::from_secs(2),
             replay_timeout: Duration::from_secs(5),
             buffer: 10_000,
@@ -101,7 +99,8 @@ pub enum Update {
     },
     /// The key is complete up to this resourceVersion.
     Progress { rv: u64 },
-    /// A resumed position held: `replayed` events came from the log, no snapshot needed.
+    /// A resumed position held: `replayed` events came from the retained log, no
+    /// snapshot needed.
     Resumed { replayed: u64 },
     /// A snapshot is on the way (why).
     Resync(Resync),

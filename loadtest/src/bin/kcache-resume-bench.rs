@@ -29,8 +29,6 @@ struct Args {
     nats_token_file: String,
     #[arg(long, default_value = "resume-bench")]
     namespace: String,
-    #[arg(long, default_value = "KCACHE_EVENTS")]
-    stream: String,
     #[arg(long, default_value_t = 20)]
     writes_per_sec: u64,
     /// Following live before leaving.
@@ -109,8 +107,7 @@ async fn main() -> Result<(), Error> {
         .connect(&args.nats)
         .await?;
     let key = format!("_.v1.configmaps.{ns}.all._");
-    let mut opts = Options::new("kcache", &key);
-    opts.retain_stream = Some(args.stream.clone());
+    let opts = Options::new("kcache", &key);
 
     // Follow from a snapshot (the owner may still be starting: the library asks again).
     let mut sub = follow(nats.clone(), opts.clone(), None).await?;
