@@ -47,6 +47,9 @@ else
 fi
 # Each integration test starts its own API server; two at a time suit a 2-core machine.
 cargo test --workspace --locked -- --test-threads=2
+# The Go subscriber package against the subject contract's shared cases
+# (clients/contract/), the same ones the Rust library's contract test replays.
+(cd clients/go && go vet ./... && go test ./...)
 # The second supported version (the oldest minor still supported upstream,
 # scripts/k8s/versions.env): the differential, consistency and real-client tests again,
 # against its own API server, kubectl and client-go, and its own e2e specs
