@@ -19,6 +19,9 @@ done
 # (services/tests/conformance.rs runs the specs directly and through kcache).
 KCACHE_E2E_TEST=$(scripts/k8s/build-programs.sh reference | tail -1)
 export KCACHE_E2E_TEST
+# A client-go informer over NATS on the project's Go package (services/tests/nats_informer.rs),
+# beside the other judges.
+scripts/k8s/build-nats-informer.sh reference >/dev/null
 # helm, built from its Go module, for the chart's lint and render (services/tests/deploy.rs).
 KCACHE_HELM_BIN=$(scripts/k8s/build-helm.sh | tail -1)
 export KCACHE_HELM_BIN
