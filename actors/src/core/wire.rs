@@ -438,6 +438,11 @@ impl Reassembler {
         }
     }
 
+    /// Whether a message is being collected (its first chunks arrived, not its last).
+    pub fn collecting(&self) -> bool {
+        self.partial.is_some()
+    }
+
     /// Forgets a partial message (after a resync).
     pub fn reset(&mut self) {
         self.partial = None;

@@ -153,13 +153,16 @@ async fn answer(
     Ok(sent)
 }
 
-/// An event the subscriber has (same epoch, seq at most its own): not sent again.
+/// An event the subscriber has (same epoch, seq at most its own), or of an owner before
+/// its own (which it would fence off): not sent.
 fn covered(msg: &Message, from: &Request) -> bool {
     let Some(h) = msg.headers.as_ref() else {
         return false;
     };
-    Frame::parse(|n| h.get(n).map(|v| v.as_str()))
-        .is_ok_and(|f| f.kind == Kind::Event && f.epoch == from.epoch && f.seq <= from.seq)
+    Frame::parse(|n| h.get(n).map(|v| v.as_str())).is_ok_and(|f| {
+        f.kind == Kind::Event
+            && (f.epoch < from.epoch || (f.epoch == from.epoch && f.seq <= from.seq))
+    })
 }
 
 async fn end(client: &Client, reply: &str, res: Result<u64, &str>) {

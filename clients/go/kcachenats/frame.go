@@ -44,8 +44,17 @@ type Frame struct {
 	Epoch, Seq, RV uint64
 	Owner          string
 	ChunkI, ChunkN uint32 // 0, 0 when the body is whole
-	KeyID          string // "" when not sealed
-	Signature      string // "" when not signed
+	KeyID          string
+	// Sealed: a Kcache-Key-Id header is present (even an empty one, which names no key
+	// and is refused).
+	Sealed    bool
+	Signature string // "" when not signed
+}
+
+// parseUint reads a decimal number as kcache does (Rust's str::parse): an optional
+// leading '+', then digits.
+func parseUint(s string, bits int) (uint64, error) {
+	return strconv.ParseUint(strings.TrimPrefix(s, "+"), 10, bits)
 }
 
 // ParseFrame reads a frame through a header lookup, refusing a later contract version
@@ -53,7 +62,7 @@ type Frame struct {
 func ParseFrame(get func(string) (string, bool)) (Frame, error) {
 	var f Frame
 	if v, ok := get(HContract); ok {
-		n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
+		n, err := parseUint(strings.TrimSpace(v), 32)
 		if err != nil {
 			return f, fmt.Errorf("missing or malformed header %s", HContract)
 		}
@@ -76,7 +85,7 @@ func ParseFrame(get func(string) (string, bool)) (Frame, error) {
 		if !ok {
 			return 0, fmt.Errorf("missing or malformed header %s", name)
 		}
-		n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		n, err := parseUint(strings.TrimSpace(v), 64)
 		if err != nil {
 			return 0, fmt.Errorf("missing or malformed header %s", name)
 		}
@@ -94,8 +103,8 @@ func ParseFrame(get func(string) (string, bool)) (Frame, error) {
 	}
 	if v, ok := get(HChunk); ok {
 		i, n, found := strings.Cut(v, "/")
-		ci, err1 := strconv.ParseUint(i, 10, 32)
-		cn, err2 := strconv.ParseUint(n, 10, 32)
+		ci, err1 := parseUint(i, 32)
+		cn, err2 := parseUint(n, 32)
 		// A body is only chunked when it needs two chunks or more.
 		if !found || err1 != nil || err2 != nil || ci == 0 || ci > cn || cn < 2 {
 			return f, fmt.Errorf("missing or malformed header %s", HChunk)
@@ -103,7 +112,7 @@ func ParseFrame(get func(string) (string, bool)) (Frame, error) {
 		f.ChunkI, f.ChunkN = uint32(ci), uint32(cn)
 	}
 	f.Owner, _ = get(HOwner)
-	f.KeyID, _ = get(HKeyID)
+	f.KeyID, f.Sealed = get(HKeyID)
 	f.Signature, _ = get(HSignature)
 	return f, nil
 }

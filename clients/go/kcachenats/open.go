@@ -39,7 +39,7 @@ func (o *Opener) Body(f Frame, body []byte) ([]byte, error) {
 		}
 	}
 	switch {
-	case f.KeyID != "" && o.Keys != nil:
+	case f.Sealed && o.Keys != nil:
 		key, ok := o.Keys[f.KeyID]
 		if !ok {
 			return nil, fmt.Errorf("sealed with unknown key %q", f.KeyID)
@@ -56,7 +56,7 @@ func (o *Opener) Body(f Frame, body []byte) ([]byte, error) {
 			return nil, errors.New("sealed message does not authenticate (wrong key, or its headers or body were changed)")
 		}
 		return plain, nil
-	case f.KeyID != "":
+	case f.Sealed:
 		return nil, fmt.Errorf("sealed with key %q but no keys were given", f.KeyID)
 	case o.Keys != nil:
 		return nil, errors.New("a sealed resource's message arrived unsealed; refused")
@@ -73,11 +73,14 @@ func (o *Opener) verify(header string, ad, body []byte) error {
 	if !ok {
 		return errors.New("signature header is not `<key id>.<base64>`")
 	}
-	raw, err := base64.RawStdEncoding.DecodeString(sig)
+	raw, err := base64.RawStdEncoding.Strict().DecodeString(sig)
 	if err != nil {
 		return errors.New("signature header is not `<key id>.<base64>`")
 	}
 	for _, pub := range o.Verify {
+		if len(pub) != ed25519.PublicKeySize {
+			return fmt.Errorf("a verify key is %d bytes, not %d", len(pub), ed25519.PublicKeySize)
+		}
 		if KeyID(pub) == id {
 			msg := append(append([]byte{}, ad...), body...)
 			if ed25519.Verify(pub, msg, raw) {

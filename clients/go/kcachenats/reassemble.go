@@ -6,7 +6,7 @@ import "fmt"
 const MaxEventBytes = 16 << 20
 
 // DefaultMaxMessageBytes bounds a snapshot (a whole key).
-const DefaultMaxMessageBytes = 2 << 30
+const DefaultMaxMessageBytes int64 = 2 << 30
 
 type run struct {
 	kind           Kind
@@ -23,14 +23,14 @@ func runOf(f Frame) run {
 // but the chunk's alike) up to a size bound; a broken run is an error once (a gap), its
 // remaining chunks dropped quietly.
 type Reassembler struct {
-	MaxBytes int
+	MaxBytes int64
 	partial  *run
 	next     uint32
 	buf      []byte
 	dropped  *run
 }
 
-func (r *Reassembler) limit(k Kind) int {
+func (r *Reassembler) limit(k Kind) int64 {
 	max := r.MaxBytes
 	if max == 0 {
 		max = DefaultMaxMessageBytes
@@ -41,29 +41,33 @@ func (r *Reassembler) limit(k Kind) int {
 	return max
 }
 
+// Collecting says whether a message is being collected (its first chunks came, not its
+// last).
+func (r *Reassembler) Collecting() bool { return r.partial != nil }
+
 // Reset forgets a partial message.
 func (r *Reassembler) Reset() { r.partial, r.dropped, r.buf = nil, nil, nil }
 
-// Feed adds one message; the whole body once complete (nil, nil while collecting).
-func (r *Reassembler) Feed(f Frame, body []byte) ([]byte, error) {
+// Feed adds one message; the whole body once complete (done), nothing while collecting.
+func (r *Reassembler) Feed(f Frame, body []byte) (whole []byte, done bool, err error) {
 	limit := r.limit(f.Kind)
 	if f.ChunkN == 0 {
 		if r.partial != nil {
 			expected := r.next
 			r.dropped, r.partial, r.buf = r.partial, nil, nil
-			return nil, fmt.Errorf("chunk 0/%d out of order (expected %d)", r.dropped.total, expected)
+			return nil, false, fmt.Errorf("chunk 0/%d out of order (expected %d)", r.dropped.total, expected)
 		}
-		if len(body) > limit {
-			return nil, fmt.Errorf("%s message of %d bytes is over the %d-byte limit", f.Kind, len(body), limit)
+		if int64(len(body)) > limit {
+			return nil, false, fmt.Errorf("%s message of %d bytes is over the %d-byte limit", f.Kind, len(body), limit)
 		}
-		return body, nil
+		return body, true, nil
 	}
 	this := runOf(f)
 	continues := r.partial != nil && *r.partial == this && r.next == f.ChunkI
 	var broken error
 	if !continues {
 		if f.ChunkI > 1 && r.dropped != nil && *r.dropped == this {
-			return nil, nil
+			return nil, false, nil
 		}
 		switch {
 		case r.partial != nil:
@@ -80,7 +84,7 @@ func (r *Reassembler) Feed(f Frame, body []byte) ([]byte, error) {
 			}
 			if atLeast > uint64(limit) {
 				r.dropped = &this
-				return nil, fmt.Errorf("%s message of at least %d bytes is over the %d-byte limit", f.Kind, atLeast, limit)
+				return nil, false, fmt.Errorf("%s message of at least %d bytes is over the %d-byte limit", f.Kind, atLeast, limit)
 			}
 			if r.dropped != nil && *r.dropped == this {
 				r.dropped = nil
@@ -88,28 +92,31 @@ func (r *Reassembler) Feed(f Frame, body []byte) ([]byte, error) {
 			r.partial, r.next, r.buf = &this, 1, nil
 		}
 	}
-	whole, err := r.append(f, body, limit)
+	whole, done, err = r.append(f, body, limit)
 	if broken != nil && err == nil {
-		return nil, broken
+		return nil, false, broken
 	}
-	return whole, err
+	return whole, done, err
 }
 
-func (r *Reassembler) append(f Frame, body []byte, limit int) ([]byte, error) {
+func (r *Reassembler) append(f Frame, body []byte, limit int64) ([]byte, bool, error) {
 	if r.partial == nil {
-		return nil, nil
+		return nil, false, nil
 	}
-	if len(r.buf)+len(body) > limit {
+	if int64(len(r.buf)+len(body)) > limit {
 		size := len(r.buf) + len(body)
 		r.dropped, r.partial, r.buf = r.partial, nil, nil
-		return nil, fmt.Errorf("%s message of at least %d bytes is over the %d-byte limit", f.Kind, size, limit)
+		return nil, false, fmt.Errorf("%s message of at least %d bytes is over the %d-byte limit", f.Kind, size, limit)
 	}
 	r.buf = append(r.buf, body...)
 	if f.ChunkI == f.ChunkN {
 		whole := r.buf
+		if whole == nil {
+			whole = []byte{}
+		}
 		r.partial, r.buf = nil, nil
-		return whole, nil
+		return whole, true, nil
 	}
 	r.next = f.ChunkI + 1
-	return nil, nil
+	return nil, false, nil
 }

@@ -50,6 +50,10 @@ func (s *Session) Position() (uint64, uint64, bool) {
 	return s.mirror.Epoch(), seq, ok
 }
 
+// AnswerArriving says whether a snapshot answer is being collected: asking again now
+// would throw it away.
+func (s *Session) AnswerArriving() bool { return s.reply.Collecting() }
+
 // Restart gives up the position: the next snapshot decides.
 func (s *Session) Restart() { s.mirror.Restart() }
 
@@ -73,18 +77,12 @@ type Step struct {
 	EndErr   error
 }
 
-// On feeds one message: its subject, a header lookup (nil: no headers) and payload. A
-// message without headers, or with a NATS status ("no responders"), is nothing — for a
-// resume, the end of it.
+// On feeds one message: its subject, a header lookup (nil: no headers, or a NATS
+// status such as "no responders") and payload. Such a message is nothing — for a resume,
+// the end of it.
 func (s *Session) On(nowMs uint64, subject string, get func(string) (string, bool), payload []byte, via Via) Step {
 	var step Step
 	if get == nil {
-		if via == ViaLog {
-			step.End, step.EndErr = true, errors.New("no replica answers resume requests")
-		}
-		return step
-	}
-	if _, status := get("Status"); status {
 		if via == ViaLog {
 			step.End, step.EndErr = true, errors.New("no replica answers resume requests")
 		}
@@ -127,15 +125,19 @@ func (s *Session) On(nowMs uint64, subject string, get func(string) (string, boo
 		return refuse(err)
 	}
 	// An event already applied (a live copy of a resumed one, a repeat): dropped before
-	// its chunks are collected or its signature and seal checked.
+	// its chunks are collected or its signature and seal checked — with a partial run of
+	// it, collected before a snapshot covered it.
 	if via != ViaReply && f.Kind == KindEvent && s.has(f.Epoch, f.Seq) {
+		if f.ChunkN != 0 {
+			parts.Reset()
+		}
 		return step
 	}
-	whole, err := parts.Feed(f, payload)
+	whole, done, err := parts.Feed(f, payload)
 	if err != nil {
 		return refuse(err)
 	}
-	if whole == nil && f.ChunkN != 0 {
+	if !done {
 		return step
 	}
 	body, err := s.opener.Body(f, whole)

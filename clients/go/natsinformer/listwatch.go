@@ -117,12 +117,34 @@ type stream struct {
 	started time.Time
 	// pending: updates decided but not yet handed to a watch (those after a snapshot).
 	pending []kcachenats.Update
-	// lastRV: what a Watch may continue from (the snapshot's, the last event's or
-	// bookmark's resourceVersion).
-	lastRV string
-	// reading is held by whoever consumes msgs (List, then one watch at a time).
+	// reading is held by whoever consumes msgs (List, then one watch at a time); pending
+	// and the session are only touched under it.
 	reading sync.Mutex
-	closed  bool
+	// mu guards lastRV: what a Watch may continue from (the snapshot's, the last event's
+	// or bookmark's resourceVersion).
+	mu     sync.Mutex
+	lastRV string
+	// done is closed with the stream: its watch ends with 410 (the reflector lists again).
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func (s *stream) setRV(rv string) {
+	s.mu.Lock()
+	s.lastRV = rv
+	s.mu.Unlock()
+}
+
+// continues says whether a Watch from rv continues this stream.
+func (s *stream) continues(rv string) bool {
+	select {
+	case <-s.done:
+		return false
+	default:
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return rv != "" && rv == s.lastRV
 }
 
 func (l *ListerWatcher) subject(kind string) string {
@@ -136,6 +158,7 @@ func (l *ListerWatcher) newStream() (*stream, error) {
 		sess:    kcachenats.NewSession(l.o.Opener, uint64(10*l.o.SnapshotRetry/time.Millisecond), 10_000),
 		msgs:    make(chan *nats.Msg, l.o.Buffer),
 		started: time.Now(),
+		done:    make(chan struct{}),
 	}
 	for _, subj := range []string{l.subject("ev"), l.subject("reply") + "." + s.nonce + ".*"} {
 		sub, err := l.o.Conn.ChanSubscribe(subj, s.msgs)
@@ -153,10 +176,12 @@ func (l *ListerWatcher) newStream() (*stream, error) {
 }
 
 func (s *stream) close() {
-	for _, sub := range s.subs {
-		_ = sub.Unsubscribe()
-	}
-	s.closed = true
+	s.closeOnce.Do(func() {
+		for _, sub := range s.subs {
+			_ = sub.Unsubscribe()
+		}
+		close(s.done)
+	})
 }
 
 func (s *stream) nowMs() uint64 { return uint64(time.Since(s.started) / time.Millisecond) }
@@ -174,7 +199,8 @@ func (s *stream) feed(m *nats.Msg) kcachenats.Step {
 		via = kcachenats.ViaReply
 	}
 	var get func(string) (string, bool)
-	if m.Header != nil {
+	// A NATS status ("503": no responders) is no message of the contract's.
+	if m.Header != nil && m.Header.Get("Status") == "" {
 		get = func(n string) (string, bool) {
 			v, ok := m.Header[n]
 			if !ok || len(v) == 0 {
@@ -199,6 +225,16 @@ func (l *ListerWatcher) snapshot(ctx context.Context) (*stream, runtime.Object, 
 	if err := s.ask(); err != nil {
 		return fail(err)
 	}
+	lastAsk := time.Now()
+	// Asks again, but not while an answer is arriving and not more than once a retry
+	// period: a new request drops the answer in flight.
+	again := func() error {
+		if s.sess.Synced() || s.sess.AnswerArriving() || time.Since(lastAsk) < l.o.SnapshotRetry {
+			return nil
+		}
+		lastAsk = time.Now()
+		return s.ask()
+	}
 	deadline := time.NewTimer(l.o.ListTimeout)
 	defer deadline.Stop()
 	retry := time.NewTicker(l.o.SnapshotRetry)
@@ -210,10 +246,8 @@ func (l *ListerWatcher) snapshot(ctx context.Context) (*stream, runtime.Object, 
 		case <-deadline.C:
 			return fail(apierrors.NewTimeoutError(fmt.Sprintf("no snapshot of %s over NATS in %s", l.o.Key, l.o.ListTimeout), 1))
 		case <-retry.C:
-			if !s.sess.Synced() {
-				if err := s.ask(); err != nil {
-					return fail(err)
-				}
+			if err := again(); err != nil {
+				return fail(err)
 			}
 		case m := <-s.msgs:
 			step := s.feed(m)
@@ -229,17 +263,25 @@ func (l *ListerWatcher) snapshot(ctx context.Context) (*stream, runtime.Object, 
 				if acc, err := meta.ListAccessor(list); err == nil {
 					acc.SetResourceVersion(rv)
 				}
-				s.lastRV = rv
+				s.setRV(rv)
 				s.pending = append(s.pending, step.Updates[i+1:]...)
+				// Another answer to this request (an old owner and its successor may
+				// both answer) is dropped from here on, not taken as a new state.
+				s.sess.Ask()
 				return s, list, *u.Snapshot, nil
 			}
-			if step.Resync && s.sess.Synced() == false {
-				if err := s.ask(); err != nil {
+			if step.Resync {
+				if err := again(); err != nil {
 					return fail(err)
 				}
 			}
 		}
 	}
+}
+
+// Close ends the current stream (its NATS subscriptions); a running watch ends with 410.
+func (l *ListerWatcher) Close() {
+	l.replace(nil)
 }
 
 // List is a snapshot from the key's owner.
@@ -307,7 +349,7 @@ func (l *ListerWatcher) WatchWithContext(ctx context.Context, opts metav1.ListOp
 		s = l.cur
 		l.mu.Unlock()
 		l.watches.Add(1)
-		if s == nil || s.closed || opts.ResourceVersion == "" || opts.ResourceVersion != s.lastRV {
+		if s == nil || !s.continues(opts.ResourceVersion) {
 			l.expired.Add(1)
 			return nil, apierrors.NewResourceExpired(fmt.Sprintf("resourceVersion %q is not where the NATS stream of %s is: list again", opts.ResourceVersion, l.o.Key))
 		}
@@ -389,6 +431,10 @@ func (w *watcher) run(ctx context.Context, initial []watch.Event) {
 			return
 		case <-deadline:
 			return
+		case <-s.done:
+			// A List (or streaming list) replaced this stream, or Close.
+			w.expired(fmt.Sprintf("the NATS stream of %s was replaced: list again", w.o.Key))
+			return
 		case m := <-s.msgs:
 			step := s.feed(m)
 			s.pending = append(s.pending, step.Updates...)
@@ -407,32 +453,38 @@ func (w *watcher) apply(u kcachenats.Update) bool {
 		}
 		obj := w.o.NewObject()
 		if err := json.Unmarshal(u.Body, &line); err != nil || json.Unmarshal(line.Object, obj) != nil {
-			s.closed = true
+			s.close()
 			w.expired(fmt.Sprintf("an unreadable event on %s: list again", w.o.Key))
 			return false
 		}
 		if acc, err := meta.Accessor(obj); err == nil {
-			s.lastRV = acc.GetResourceVersion()
+			s.setRV(acc.GetResourceVersion())
 		}
 		return w.send(watch.Event{Type: line.Type, Object: obj})
 	case u.Progress != nil:
-		s.lastRV = strconv.FormatUint(*u.Progress, 10)
+		rv := strconv.FormatUint(*u.Progress, 10)
+		s.setRV(rv)
 		if !w.bookmarks {
 			return true
 		}
 		b := w.o.NewObject()
 		if acc, err := meta.Accessor(b); err == nil {
-			acc.SetResourceVersion(s.lastRV)
+			acc.SetResourceVersion(rv)
 		}
 		return w.send(watch.Event{Type: watch.Bookmark, Object: b})
 	case u.Resync != "":
 		// A gap or a new owner: this stream cannot continue; a relist takes a snapshot.
-		s.closed = true
 		s.close()
 		w.expired(fmt.Sprintf("the NATS stream of %s needs a new snapshot (%s): list again", w.o.Key, u.Resync))
 		return false
+	case u.Snapshot != nil:
+		// A state a watch cannot express as events (none is asked for in a watch; kept
+		// safe all the same): list again.
+		s.close()
+		w.expired(fmt.Sprintf("a new state of %s arrived during a watch: list again", w.o.Key))
+		return false
 	default:
-		// A refused message (a resync follows) or a snapshot (none is asked in a watch).
+		// A refused message: the resync that follows ends the watch.
 		return true
 	}
 }

@@ -236,6 +236,20 @@ fn main() {
         }
     }
 
+    // The seq header written "+11": the same number (what a seal and a signature bind).
+    let mut plus = ev(p, "live", 5, 11, &["apply 5:11"]);
+    for h in plus[0]["headers"].as_array_mut().expect("headers") {
+        if h[0] == "Kcache-Seq" {
+            h[1] = json!("+11");
+        }
+    }
+    // A key-id header with nothing in it, on a key that is not sealed.
+    let mut empty_key_id = ev(p, "live", 5, 11, &["refused", "resync gap"]);
+    empty_key_id[0]["headers"]
+        .as_array_mut()
+        .expect("headers")
+        .push(json!(["Kcache-Key-Id", ""]));
+
     let cases = vec![
         case(
             "a snapshot, then events in order, a repeat dropped, a heartbeat's progress",
@@ -333,6 +347,33 @@ fn main() {
                 snap(chunked, 1, 5, 10, &["snapshot 5:10"]),
                 ev(chunked, "live", 5, 11, &["apply 5:11"]),
             ],
+        ),
+        case(
+            "a run half-collected when a snapshot covers it is dropped whole",
+            CM,
+            false,
+            None,
+            vec![
+                ask(),
+                ev(chunked, "live", 5, 11, &[])[..1].to_vec(),
+                snap(p, 1, 5, 11, &["snapshot 5:11"]),
+                ev(chunked, "live", 5, 11, &[])[1..].to_vec(),
+                ev(p, "live", 5, 12, &["apply 5:12"]),
+            ],
+        ),
+        case(
+            "numbers read as the owner wrote them, a plus sign too",
+            CM,
+            false,
+            None,
+            vec![ask(), snap(p, 1, 5, 10, &["snapshot 5:10"]), plus],
+        ),
+        case(
+            "an empty key id on an unsealed key is refused",
+            CM,
+            false,
+            None,
+            vec![ask(), snap(p, 1, 5, 10, &["snapshot 5:10"]), empty_key_id],
         ),
         case(
             "a sealed key's messages open; an unsealed one is refused",

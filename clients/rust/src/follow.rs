@@ -138,9 +138,15 @@ impl Follower {
         }
         let period = self.opts.snapshot_retry.max(Duration::from_millis(50));
         let mut retry = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        let mut last_ask: Option<Instant> = None;
         loop {
-            if want_snapshot {
+            // Not while an answer is arriving, and not more than once a retry period: a
+            // new request drops the answer in flight, so a stream of refused messages or a
+            // slow chunked snapshot would otherwise never let one finish.
+            let recent = last_ask.is_some_and(|t: Instant| t.elapsed() < period);
+            if want_snapshot && !self.session.answer_arriving() && !recent {
                 want_snapshot = false;
+                last_ask = Some(Instant::now());
                 self.ask_snapshot().await?;
             }
             let (msg, via) = tokio::select! {

@@ -127,14 +127,23 @@ impl Session {
         };
         // An event already applied (a live copy of a resumed one, a repeat): dropped before
         // its chunks are collected or its signature and seal checked.
-        if via != Via::Reply && frame.kind == Kind::Event && self.has(frame.epoch, frame.seq) {
-            return step;
-        }
         let parts = match via {
             Via::Live => &mut self.live_parts,
             Via::Log => &mut self.log_parts,
             Via::Reply => &mut self.reply_parts,
         };
+        if via != Via::Reply
+            && frame.kind == Kind::Event
+            && self.mirror.epoch() == frame.epoch
+            && self.mirror.seq().is_some_and(|s| frame.seq <= s)
+        {
+            // A run whose first chunks were collected before a snapshot covered it: its
+            // partial goes too, or the next message would find it broken.
+            if frame.chunk.is_some() {
+                parts.reset();
+            }
+            return step;
+        }
         let opened = self
             .opener
             .body(&frame, msg, parts)
@@ -193,9 +202,10 @@ impl Session {
         step
     }
 
-    /// Whether the event `(epoch, seq)` is one already applied.
-    fn has(&self, epoch: u64, seq: u64) -> bool {
-        self.mirror.epoch() == epoch && self.mirror.seq().is_some_and(|s| seq <= s)
+    /// Whether a snapshot answer is arriving (chunks of it came, not its last): asking
+    /// again now would throw it away.
+    pub fn answer_arriving(&self) -> bool {
+        self.reply_parts.collecting()
     }
 
     /// Answers to an earlier request (already retried) are not this one's.
