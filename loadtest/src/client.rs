@@ -193,8 +193,11 @@ impl Api {
         }
     }
 
-    /// JSON merge patch of an object path.
-    pub async fn merge_patch(&self, path: &str, patch: &Value) -> Result<(), ApiError> {
+    async fn send_merge_patch(
+        &self,
+        path: &str,
+        patch: &Value,
+    ) -> Result<reqwest::Response, ApiError> {
         let resp = self
             .http
             .patch(format!("{}{path}", self.base))
@@ -203,20 +206,17 @@ impl Api {
             .body(patch.to_string())
             .send()
             .await?;
-        Self::check(resp).map(drop)
+        Self::check(resp)
+    }
+
+    /// JSON merge patch of an object path.
+    pub async fn merge_patch(&self, path: &str, patch: &Value) -> Result<(), ApiError> {
+        self.send_merge_patch(path, patch).await.map(drop)
     }
 
     /// JSON merge patch of an object path; the object as the server returned it.
     pub async fn merge_patch_object(&self, path: &str, patch: &Value) -> Result<Value, ApiError> {
-        let resp = self
-            .http
-            .patch(format!("{}{path}", self.base))
-            .bearer_auth(&self.token)
-            .header("Content-Type", "application/merge-patch+json")
-            .body(patch.to_string())
-            .send()
-            .await?;
-        Ok(Self::check(resp)?.json().await?)
+        Ok(self.send_merge_patch(path, patch).await?.json().await?)
     }
 
     pub async fn delete(&self, path: &str) -> Result<(), ApiError> {

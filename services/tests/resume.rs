@@ -2,7 +2,8 @@
 //! events are kept in a JetStream stream, and a subscriber that comes back with its last
 //! position replays what it missed from there — judged against the resourceVersions the
 //! API server gave the writes. Beyond retention it falls back to a snapshot; a sealed
-//! kind stays sealed at rest.
+//! kind stays sealed at rest; a malformed resume request gets a clear end, and one whose
+//! reply is outside the key's reply space (or that names no key) gets nothing, counted.
 
 mod support;
 
@@ -319,5 +320,105 @@ async fn beyond_retention_a_subscriber_takes_a_snapshot_and_sealed_events_stay_s
             Update::Refused(why) => panic!("refused: {why}"),
             _ => {}
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_resume_requests_get_a_clear_end_or_nothing_and_are_counted() {
+    let cluster = TestCluster::start().await;
+    let nats = Nats::start(cluster.dir_path());
+    let admin = cluster.kube_client().await;
+    support::create_namespace(&admin, NS).await;
+    let k = start(&cluster, &nats, "", "configmaps").await;
+    let key = format!("_.v1.configmaps.{NS}.all._");
+    let client = nats.client().await;
+    let mut replies = client
+        .subscribe(format!("kcache.reply.{key}.badasker.*"))
+        .await
+        .expect("subscribe");
+    // Everything published anywhere but the asker's own reply space: must stay empty.
+    let mut elsewhere = client
+        .subscribe(format!("kcache.ev.{key}"))
+        .await
+        .expect("subscribe");
+    client.flush().await.expect("flush");
+    let refused = || async {
+        support::prom::sum(
+            &k.metrics_text().await,
+            "kcache_nats_resumes_total",
+            &[("result", "refused")],
+        )
+    };
+    let before = refused().await;
+
+    // A body that is not a position: an end marker saying so.
+    client
+        .publish_with_reply(
+            format!("kcache.resume.{key}"),
+            format!("kcache.reply.{key}.badasker.1"),
+            "not json".into(),
+        )
+        .await
+        .expect("publish");
+    let answer = tokio::time::timeout(Duration::from_secs(10), replies.next())
+        .await
+        .expect("an answer within 10 s")
+        .expect("subscribed");
+    let why = answer
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("Kcache-Resume-Error"))
+        .map(|v| v.to_string())
+        .unwrap_or_default();
+    assert!(why.contains("epoch"), "{answer:?}");
+
+    // A reply subject outside the key's reply space (an event subject, another key's
+    // replies): answered nowhere.
+    for reply in [
+        format!("kcache.ev.{key}"),
+        "kcache.reply._.v1.configmaps.other.all._.x.1".to_string(),
+        "_INBOX.stolen".to_string(),
+    ] {
+        client
+            .publish_with_reply(
+                format!("kcache.resume.{key}"),
+                reply,
+                r#"{"epoch":1,"seq":0}"#.into(),
+            )
+            .await
+            .expect("publish");
+    }
+    // A request naming no key.
+    client
+        .publish_with_reply(
+            "kcache.resume.not-a-key",
+            format!("kcache.reply.{key}.badasker.2"),
+            r#"{"epoch":1,"seq":0}"#.into(),
+        )
+        .await
+        .expect("publish");
+    client.flush().await.expect("flush");
+    eventually(
+        "five refused resume requests counted",
+        Duration::from_secs(10),
+        || async { refused().await >= before + 5.0 },
+    )
+    .await;
+    let stray = tokio::time::timeout(Duration::from_millis(500), replies.next()).await;
+    assert!(
+        stray.is_err(),
+        "an answer to a request naming no key: {stray:?}"
+    );
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(200), elsewhere.next()).await
+    {
+        let kind = m
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Kcache-Type"))
+            .map(|v| v.to_string());
+        assert!(
+            kind.as_deref() == Some("heartbeat") || kind.as_deref() == Some("event"),
+            "a resume answer published on the event subject: {m:?}"
+        );
     }
 }
