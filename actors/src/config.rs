@@ -239,7 +239,8 @@ pub struct NatsConfig {
     pub retain: bool,
     /// The stream's name (created, or updated to these limits, by the replicas).
     pub retain_stream: String,
-    /// Events kept per key (JetStream `max_msgs_per_subject`).
+    /// Messages kept per key (JetStream `max_msgs_per_subject`): one per event, one per
+    /// chunk of an event over `max_chunk_bytes`.
     pub retain_max_msgs_per_key: i64,
     /// Bytes kept over all keys; the oldest events go first.
     pub retain_max_bytes: i64,
