@@ -636,11 +636,7 @@ async fn a_mirror_acts_only_on_messages_its_fleet_signed() {
 
     let hostile = nats.client().await;
     let stranger = Signer::from_seed(&[9; 32]).expect("seed");
-    use base64::Engine;
-    let fleet_seed = base64::engine::general_purpose::STANDARD
-        .decode(support::nats::SIGNING_SEED)
-        .expect("seed");
-    let fleet_key = Signer::from_seed(&fleet_seed).expect("seed");
+    let fleet_key = support::nats::fleet_signer();
     let forged = |name: &str| {
         Bytes::from(format!(
             "{}\n",

@@ -13,13 +13,12 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use base64::Engine;
-use kcache_actors::core::sign::Signer;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 
 use support::kcache::Kcache;
-use support::nats::{NATS_TOKEN, SIGNING_SEED};
+use support::nats::{fleet_signer, NATS_TOKEN};
 use support::nats_cluster::{fleet_toml, NatsCluster};
 use support::{eventually, TestCluster};
 
@@ -103,11 +102,7 @@ async fn a_client_go_informer_over_nats_converges_through_an_owner_kill_and_a_na
 
     let token = dir.join("informer-nats-token");
     std::fs::write(&token, NATS_TOKEN).expect("token file");
-    let seed = base64::engine::general_purpose::STANDARD
-        .decode(SIGNING_SEED)
-        .expect("seed");
-    let public = base64::engine::general_purpose::STANDARD
-        .encode(Signer::from_seed(&seed).expect("signer").public_key());
+    let public = base64::engine::general_purpose::STANDARD.encode(fleet_signer().public_key());
     // Two informers: client-go's default (streaming lists) and one with them off (List,
     // then Watch from its resourceVersion), both through the same faults.
     let start = |streaming: bool| {

@@ -14,23 +14,20 @@ use base64::Engine;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kcache_actors::core::seal::Keyring;
-use kcache_actors::core::sign::{Signer, Verifier};
+use kcache_actors::core::sign::Verifier;
 use kcache_subscriber::{follow, Options, Position, Subscription, Update};
 use kube::api::{Patch, PatchParams, PostParams};
 
 use support::kcache::Kcache;
-use support::nats::{fleet_toml, Nats, SIGNING_SEED};
+use support::nats::{fleet_signer, fleet_toml, Nats};
 use support::{eventually, TestCluster};
 
 const NS: &str = "resume";
 const STREAM: &str = "KCACHE_EVENTS";
 
 fn verifier() -> Arc<Verifier> {
-    let seed = base64::engine::general_purpose::STANDARD
-        .decode(SIGNING_SEED)
-        .expect("seed");
-    let signer = Signer::from_seed(&seed).expect("signer");
-    Arc::new(Verifier::new(vec![signer.public_key().to_vec()]).expect("verifier"))
+    let public = fleet_signer().public_key().to_vec();
+    Arc::new(Verifier::new(vec![public]).expect("verifier"))
 }
 
 fn options(key: &str) -> Options {

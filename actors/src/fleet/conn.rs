@@ -217,6 +217,28 @@ pub fn load_keyring(cfg: &NatsConfig) -> Result<Option<Arc<Keyring>>> {
 }
 
 /// A key file's base64 content, decoded; `id` names the key in the error.
+/// A request with a deadline (the JetStream API: lease writes and reads, the retention
+/// stream); the answer's body.
+pub(crate) async fn request(
+    client: &Client,
+    subject: String,
+    headers: Option<async_nats::HeaderMap>,
+    body: bytes::Bytes,
+    deadline: Duration,
+) -> Result<bytes::Bytes, String> {
+    let req = async {
+        match headers {
+            Some(h) => client.request_with_headers(subject, h, body).await,
+            None => client.request(subject, body).await,
+        }
+    };
+    match tokio::time::timeout(deadline, req).await {
+        Ok(Ok(msg)) => Ok(msg.payload),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("timed out".into()),
+    }
+}
+
 fn read_base64(what: &'static str, id: &str, path: &str) -> Result<Vec<u8>> {
     let text = std::fs::read_to_string(path).map_err(|source| Error::File {
         what,

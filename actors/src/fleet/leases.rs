@@ -45,17 +45,7 @@ impl Leases {
         headers: Option<async_nats::HeaderMap>,
         body: Bytes,
     ) -> Result<Bytes, String> {
-        let req = async {
-            match headers {
-                Some(h) => self.client.request_with_headers(subject, h, body).await,
-                None => self.client.request(subject, body).await,
-            }
-        };
-        match tokio::time::timeout(Duration::from_secs(2), req).await {
-            Ok(Ok(msg)) => Ok(msg.payload),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("timed out".into()),
-        }
+        super::conn::request(&self.client, subject, headers, body, Duration::from_secs(2)).await
     }
 
     /// Creates the lease stream once (again after an error: the server may have lost it).

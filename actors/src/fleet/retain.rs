@@ -63,9 +63,5 @@ async fn ensure(client: &Client, limits: &Limits, all_logs: &str) -> Result<(), 
 }
 
 async fn request(client: &Client, subject: String, body: Bytes) -> Result<Bytes, String> {
-    match tokio::time::timeout(Duration::from_secs(5), client.request(subject, body)).await {
-        Ok(Ok(msg)) => Ok(msg.payload),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("timed out".into()),
-    }
+    super::conn::request(client, subject, None, body, Duration::from_secs(5)).await
 }

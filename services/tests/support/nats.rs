@@ -123,6 +123,16 @@ pub fn token_replica_toml(dir: &Path, url: &str, extra_nats: &str) -> String {
 /// shares it; `core::sign`).
 pub const SIGNING_SEED: &str = "a2NhY2hlLXRlc3Qtc2lnbmluZy1zZWVkLTMyLWJ5dGU=";
 
+/// The test fleet's signing key ([`SIGNING_SEED`]): its public key is what a subscriber
+/// verifies messages with.
+pub fn fleet_signer() -> kcache_actors::core::sign::Signer {
+    use base64::Engine;
+    let seed = base64::engine::general_purpose::STANDARD
+        .decode(SIGNING_SEED)
+        .expect("the test signing seed is base64");
+    kcache_actors::core::sign::Signer::from_seed(&seed).expect("a 32-byte seed")
+}
+
 /// `[cache]` and `[nats]` TOML for a replica pointed at `url` with `nats_lines` (auth and
 /// anything else of `[nats]`), the fleet's shared sealing key and its signing key, written
 /// into `dir`.
