@@ -187,11 +187,24 @@ pub trait SourceFactory: Send + Sync + 'static {
         snapshots: Recipient<TakeSnapshot>,
     ) -> (SourceHandle, mpsc::Receiver<SourceMsg>);
 
-    /// How many objects `key` holds upstream, without listing them (`core::coalesce`
-    /// weighs a namespace before it is pulled in); `None` when the upstream did not say.
-    fn count(&self, _key: &Key) -> futures::future::BoxFuture<'static, Option<u64>> {
+    /// How many objects `key` holds upstream, without reading them (`core::coalesce`
+    /// weighs a namespace before it is pulled in), and their names if there are at most
+    /// `names_up_to`; `None` when the upstream did not say.
+    fn count(
+        &self,
+        _key: &Key,
+        _names_up_to: usize,
+    ) -> futures::future::BoxFuture<'static, Option<Counted>> {
         Box::pin(async { None })
     }
+}
+
+/// A key's objects as counted upstream ([`SourceFactory::count`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counted {
+    pub objects: u64,
+    /// Their names, when the count's list held them all.
+    pub names: Option<std::collections::HashSet<String>>,
 }
 
 /// What the registry and `/debug/keys` can see of a key without a message round trip.

@@ -27,6 +27,8 @@ pub const COALESCINGS: &str = "kcache_coalescings_total";
 pub const COALESCE_SPLITS: &str = "kcache_coalesce_splits_total";
 pub const COALESCE_MOVED_WATCHERS: &str = "kcache_coalesce_moved_watchers_total";
 pub const COALESCE_SAVED_WATCHES: &str = "kcache_coalesce_upstream_watches_saved";
+pub const COALESCE_REQUEST_WAITS: &str = "kcache_coalesce_request_waits_total";
+pub const KEYS_STARTED: &str = "kcache_keys_started_total";
 pub const CACHE_BYPASSED: &str = "kcache_cache_bypassed_total";
 pub const PROTOBUF_UNENCODABLE: &str = "kcache_protobuf_unencodable_total";
 
@@ -138,6 +140,14 @@ pub fn describe() {
     describe_gauge!(
         COALESCE_SAVED_WATCHES,
         "Upstream watches coalesced namespace and cluster keys save: the names (or nodes) they serve, fleet-wide, less their own one."
+    );
+    describe_counter!(
+        COALESCE_REQUEST_WAITS,
+        "Requests that would have started a name key and waited for their namespace's object count first, by how it went (result: coalesced, apart, timeout): decided from the requests in flight."
+    );
+    describe_counter!(
+        KEYS_STARTED,
+        "Keys started (an upstream list and watch each, in a fleet by the key's owner), by scope: name, namespace, node or cluster."
     );
     describe_counter!(
         COALESCE_MOVED_WATCHERS,

@@ -25,7 +25,7 @@ use crate::core::object::EventType;
 use crate::core::object::{self, Object, Schema, WireEvent};
 use crate::core::upstream::{step, Action, Backoff, Input, State};
 use crate::feed::{
-    KeyStatus, ReplayCmd, SourceCmd, SourceFactory, SourceHandle, SourceMsg, TakeSnapshot,
+    Counted, KeyStatus, ReplayCmd, SourceCmd, SourceFactory, SourceHandle, SourceMsg, TakeSnapshot,
 };
 use crate::health::UpstreamHealth;
 use crate::metrics as m;
@@ -219,10 +219,14 @@ impl SourceFactory for UpstreamSource {
         self.start_at(key, None)
     }
 
-    fn count(&self, key: &Key) -> futures::future::BoxFuture<'static, Option<u64>> {
+    fn count(
+        &self,
+        key: &Key,
+        names_up_to: usize,
+    ) -> futures::future::BoxFuture<'static, Option<Counted>> {
         let reader = self.reader(key);
         Box::pin(async move {
-            match reader.count().await {
+            match reader.count(names_up_to).await {
                 Ok(n) => Some(n),
                 Err(error) => {
                     tracing::warn!(key = %reader.key, %error, "cannot count the key's objects upstream");
@@ -472,17 +476,23 @@ impl Reader {
         Ok((items, rv))
     }
 
-    /// How many objects the key holds upstream: a list of one object, whose
-    /// `remainingItemCount` says how many more there are.
-    async fn count(&self) -> Result<u64> {
+    /// How many objects the key holds upstream: a list of at most `names_up_to` objects'
+    /// metadata (at least one), whose `remainingItemCount` says how many more there are;
+    /// with their names when that list was all of them.
+    async fn count(&self, names_up_to: usize) -> Result<Counted> {
         use http_body_util::BodyExt;
         self.limits.pace().await;
         let failed = |source| Error::ListFailed {
             key: self.key.to_string(),
             source,
         };
-        let req = http::Request::get(self.uri(&[("limit", "1".to_string())]))
-            .header(http::header::ACCEPT, "application/json")
+        let limit = names_up_to.max(1);
+        let req = http::Request::get(self.uri(&[("limit", limit.to_string())]))
+            // Names only: the API server sends each object's metadata, not its data.
+            .header(
+                http::header::ACCEPT,
+                "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json",
+            )
             .body(Vec::new())
             .map_err(|e| failed(kube::Error::HttpError(e)))?;
         let conn = self.clients.checkout();
@@ -492,17 +502,34 @@ impl Reader {
         struct Meta {
             #[serde(rename = "remainingItemCount")]
             remaining: Option<u64>,
+            #[serde(rename = "continue", default)]
+            next: String,
+        }
+        #[derive(serde::Deserialize)]
+        struct Name {
+            #[serde(default)]
+            name: String,
+        }
+        #[derive(serde::Deserialize)]
+        struct Item {
+            metadata: Name,
         }
         #[derive(serde::Deserialize)]
         struct Page {
             metadata: Meta,
-            items: Vec<serde::de::IgnoredAny>,
+            items: Vec<Item>,
         }
         let page: Page = serde_json::from_slice(&bytes).map_err(|e| Error::ListUnreadable {
             key: self.key.to_string(),
             source: object::Error::List(e.to_string()),
         })?;
-        Ok(page.items.len() as u64 + page.metadata.remaining.unwrap_or(0))
+        let objects = page.items.len() as u64 + page.metadata.remaining.unwrap_or(0);
+        let whole = page.metadata.next.is_empty() && page.metadata.remaining.unwrap_or(0) == 0;
+        Ok(Counted {
+            objects,
+            names: (whole && names_up_to > 1)
+                .then(|| page.items.into_iter().map(|i| i.metadata.name).collect()),
+        })
     }
 
     async fn list_with(&self, rv: u64, matching: &str) -> Result<(Vec<Object>, u64)> {

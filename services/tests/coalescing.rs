@@ -216,12 +216,23 @@ async fn watched_names_coalesce_into_their_namespace_and_split_back_without_a_ga
     let api: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), NS);
     writes(&api, 20).await;
 
-    let pairs: Vec<Pair> = (0..6)
+    // Three names first, below coalesce_min_names: each its own name key. The fourth
+    // name coalesces the namespace (decided at its request, `core::coalesce::on_request`)
+    // and the first three names' watchers move onto the namespace key.
+    let mut pairs: Vec<Pair> = (0..3)
         .map(|i| Pair::start(&k, &admin, &format!("cm{i}")))
         .collect();
     // Both sides of every pair list before anything is written, so their first lists
     // show the same state and their events can be compared one for one.
     let listed = |j: &Judge| j.seen.lock().expect("seen").inits >= 1;
+    eventually(
+        "the first watchers listed",
+        Duration::from_secs(30),
+        || async { pairs.iter().all(|p| listed(&p.kcache) && listed(&p.direct)) },
+    )
+    .await;
+    assert_eq!(name_keys(&k).await, 3, "{:#}", k.debug_keys().await);
+    pairs.extend((3..6).map(|i| Pair::start(&k, &admin, &format!("cm{i}"))));
     eventually("every watcher listed", Duration::from_secs(30), || async {
         pairs.iter().all(|p| listed(&p.kcache) && listed(&p.direct))
     })
@@ -270,8 +281,10 @@ async fn watched_names_coalesce_into_their_namespace_and_split_back_without_a_ga
     for p in &pairs {
         p.judge(&api).await;
     }
+    // The three that ran before the decision moved; the others never had a key to move
+    // from.
     let moved_on = k.metric("kcache_coalesce_moved_watchers_total").await;
-    assert!(moved_on >= 6.0, "every watcher moved: {moved_on}");
+    assert_eq!(moved_on, 3.0, "the first three watchers moved");
     assert_eq!(
         k.metric("kcache_coalesce_upstream_watches_saved").await,
         5.0
@@ -678,4 +691,116 @@ async fn a_replica_joining_a_fleet_that_coalesced_a_namespace_starts_no_name_key
         c.role(&format!("/api/v1/namespaces/{NS}/configmaps")).await,
         "mirror"
     );
+}
+
+/// A burst of single-object watches — a new user's first watches, a node restart storm —
+/// is coalesced from the requests in flight: the first waits for the namespace's object
+/// count, the rest of the burst with it, and all are served by the namespace key. No name
+/// key is started (its list, its upstream watch) for the once-a-second check to stop
+/// (issue 31.4: 1,000 kubelet watches started 500 name keys, then coalesced them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_name_watches_is_coalesced_before_any_name_key_starts() {
+    let (_cluster, k, api) =
+        namespace_through_kcache("[cache]\ncoalesce_min_names = 4\ncoalesce_fraction = 0.3\n")
+            .await;
+    let mut rvs = BTreeMap::new();
+    for i in 0..OBJECTS {
+        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("cm{i}")},
+        }))
+        .expect("cm");
+        let made = api.create(&Default::default(), &cm).await.expect("create");
+        rvs.insert(i, made.metadata.resource_version.unwrap_or_default());
+    }
+    // Every name twice (two kubelets), all asked at once; lists first, as reflectors do
+    // without streaming lists, then watches.
+    let http = support::http::Http::new(&k.url);
+    let path = |i: usize| {
+        format!(
+            "/api/v1/namespaces/{NS}/configmaps?fieldSelector=metadata.name%3Dcm{}",
+            i % OBJECTS
+        )
+    };
+    let lists = futures::future::join_all((0..2 * OBJECTS).map(|i| {
+        let (http, path) = (&http, path(i));
+        async move { http.get_admin(&path).await }
+    }))
+    .await;
+    for (i, (code, list)) in lists.iter().enumerate() {
+        assert_eq!(*code, 200, "list {i}: {list:#}");
+        let names: Vec<&str> = list["items"]
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|o| o["metadata"]["name"].as_str())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(names, [format!("cm{}", i % OBJECTS)], "list {i}: {list:#}");
+    }
+    let mut watches = futures::future::join_all((0..2 * OBJECTS).map(|i| {
+        let (http, path) = (&http, format!("{}&watch=1", path(i)));
+        async move { http.watch_ok(&path).await }
+    }))
+    .await;
+    // Each watch starts with its own object, and only that.
+    for (i, w) in watches.iter_mut().enumerate() {
+        let seen = events_until_quiet(w, Duration::from_secs(2)).await;
+        let want = format!("ADDED {NS}/cm{}@{}", i % OBJECTS, rvs[&(i % OBJECTS)]);
+        assert_eq!(seen, [want], "watch {i}");
+    }
+    let text = k.metrics_text().await;
+    let started = |scope| {
+        support::prom::sum(
+            &text,
+            "kcache_keys_started_total",
+            &[("resource", "configmaps"), ("scope", scope)],
+        )
+    };
+    let keys = k.debug_keys().await;
+    assert_eq!(
+        started("name"),
+        0.0,
+        "name keys started: {keys:#}\n{}",
+        k.log_tail()
+    );
+    assert_eq!(started("namespace"), 1.0, "{keys:#}");
+    assert_eq!(
+        coalesced(&k).await.as_deref(),
+        Some("coalesced"),
+        "{keys:#}"
+    );
+    assert!(
+        support::prom::sum(
+            &text,
+            "kcache_coalesce_request_waits_total",
+            &[("result", "coalesced")]
+        ) >= 1.0,
+        "no request waited for the count: {text}"
+    );
+    // The namespace key goes on serving them: a write reaches both watches of its name.
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "cm3"},
+        "data": {"after": "the burst"},
+    }))
+    .expect("cm");
+    let rv = api
+        .replace("cm3", &Default::default(), &cm)
+        .await
+        .expect("replace")
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    for i in [3, 3 + OBJECTS] {
+        let seen = events_until_quiet(&mut watches[i], Duration::from_secs(3)).await;
+        assert_eq!(seen, [format!("MODIFIED {NS}/cm3@{rv}")], "watch {i}");
+    }
+    for i in [0, 4, 9 + OBJECTS] {
+        let seen = events_until_quiet(&mut watches[i], Duration::from_millis(500)).await;
+        assert!(
+            seen.is_empty(),
+            "watch {i} saw another name's write: {seen:?}"
+        );
+    }
 }

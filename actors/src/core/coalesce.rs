@@ -19,6 +19,18 @@
 //! `decide` is pure: the registry gathers each namespace's figures, carries out the
 //! decision (count the namespace's objects upstream, start the namespace key and move
 //! watchers onto it, or back) and feeds the result in again.
+//!
+//! The same decision is taken again for each request that would start a name key
+//! (`on_request`), with the names asked since the last check counted in: a burst of
+//! kubelet watches (a node restart storm, a new user's first thousand watches) is
+//! coalesced from the requests in flight, instead of starting every name key — its list,
+//! its watch, its lease in a fleet — for the once-a-second check to stop. A request whose
+//! group has no fresh object count waits for one (one list, taken once per
+//! `count_ttl_ms`) and for a short gathering window; the requests that arrive meanwhile
+//! wait with it and are counted. After the window, names below `min_names` start their
+//! keys and the name that reaches it coalesces the group at once, so a burst that
+//! trickles in starts fewer than `min_names` name keys per namespace (stopped as soon as
+//! their watchers have moved).
 
 /// Thresholds (configuration: `cache.coalesce_*`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -102,6 +114,40 @@ pub fn decide(g: &Group, t: &Thresholds, now_ms: u64) -> Decision {
         (true, None) => Decision::MarkBelow,
         (true, Some(since)) if now_ms.saturating_sub(since) >= t.split_after_ms => Decision::Split,
         (true, Some(_)) => Decision::Keep,
+    }
+}
+
+/// What a request that would start a name key does (`g` counts its name and every other
+/// name asked since the last check whose key was not running: the requests in flight).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnRequest {
+    /// Start the name key, as asked.
+    Start,
+    /// Coalesce the group now: the namespace key serves the request.
+    Coalesce,
+    /// Ask the upstream for the group's object count, and wait for it.
+    Count,
+    /// A count is in flight: wait for it with the others.
+    Wait,
+}
+
+/// See [`OnRequest`]. Only a group that is apart is decided here (a coalesced one serves
+/// the request already; a splitting one runs its split to the end). `gathering`: the
+/// group's gathering window is open (requests wait to be decided together).
+pub fn on_request(g: &Group, t: &Thresholds, now_ms: u64, gathering: bool) -> OnRequest {
+    if t.min_names == 0 || g.coalesced {
+        return OnRequest::Start;
+    }
+    if decide(g, t, now_ms) == Decision::Coalesce {
+        return OnRequest::Coalesce;
+    }
+    let fresh = g
+        .objects
+        .is_some_and(|(_, at)| now_ms.saturating_sub(at) < t.count_ttl_ms);
+    match (fresh, g.counting || gathering) {
+        (true, false) => OnRequest::Start,
+        (_, true) => OnRequest::Wait,
+        (false, false) => OnRequest::Count,
     }
 }
 
@@ -212,6 +258,54 @@ mod tests {
         let off = Thresholds { min_names: 0, ..T };
         assert_eq!(decide(&g(30, Some(100), false, None), &off, 0), Keep);
         assert_eq!(decide(&g(30, Some(100), true, None), &off, 0), Split);
+    }
+
+    #[test]
+    fn a_request_is_decided_with_the_requests_in_flight() {
+        let now = 10_000;
+        let cases = [
+            // No count yet: the first request asks for one, later ones wait for it, even
+            // below min_names (more of the burst may be on its way).
+            (g(1, None, false, None), false, OnRequest::Count),
+            (g(3, None, false, None), true, OnRequest::Wait),
+            (g(30, None, false, None), true, OnRequest::Wait),
+            // Counted: coalesce once the names in flight reach the thresholds.
+            (g(3, Some(100), false, None), false, OnRequest::Start),
+            (g(30, Some(100), false, None), false, OnRequest::Coalesce),
+            // A namespace of 10,000 objects, 40 watched: never pulled in.
+            (g(40, Some(10_000), false, None), false, OnRequest::Start),
+            // Coalesced already: routing serves it (or it splits): nothing to decide.
+            (g(30, Some(100), true, None), false, OnRequest::Start),
+        ];
+        for ((group, counting), want) in cases.map(|(g, c, w)| ((g, c), w)) {
+            let group = Group { counting, ..group };
+            assert_eq!(on_request(&group, &T, now, false), want, "{group:?}");
+        }
+        // Counted, but the gathering window is still open: wait for the rest of the
+        // burst, unless the names in flight suffice already.
+        assert_eq!(
+            on_request(&g(3, Some(100), false, None), &T, now, true),
+            OnRequest::Wait
+        );
+        assert_eq!(
+            on_request(&g(30, Some(100), false, None), &T, now, true),
+            OnRequest::Coalesce
+        );
+        // A stale count is taken again; switched off, nothing waits.
+        assert_eq!(
+            on_request(
+                &g(30, Some(100), false, None),
+                &T,
+                1_000 + T.count_ttl_ms,
+                false
+            ),
+            OnRequest::Count
+        );
+        let off = Thresholds { min_names: 0, ..T };
+        assert_eq!(
+            on_request(&g(30, None, false, None), &off, now, true),
+            OnRequest::Start
+        );
     }
 
     #[test]

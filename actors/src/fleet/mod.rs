@@ -276,7 +276,11 @@ impl SourceFactory for FleetSource {
         (SourceHandle::graceful(commands, handle), events)
     }
 
-    fn count(&self, key: &Key) -> futures::future::BoxFuture<'static, Option<u64>> {
-        self.0.upstream.count(key)
+    fn count(
+        &self,
+        key: &Key,
+        names_up_to: usize,
+    ) -> futures::future::BoxFuture<'static, Option<crate::feed::Counted>> {
+        self.0.upstream.count(key, names_up_to)
     }
 }

@@ -9,12 +9,15 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use tokio::sync::oneshot;
+
 use actix::prelude::*;
 use serde::Serialize;
 
 use super::{Moved, Registry};
 use crate::cached_object::{HandOver, HandedOver};
-use crate::core::coalesce::{self, Decision, Group};
+use crate::core::coalesce::{self, Decision, Group, OnRequest};
+use crate::core::cover::KeyState;
 use crate::core::key::{Key, Scope};
 use crate::core::refs::Released;
 use crate::core::subject::{key_token, member_token_prefix};
@@ -23,15 +26,42 @@ use crate::metrics as m;
 /// How often the registry looks at its namespaces.
 pub(super) const CHECK_EVERY: Duration = Duration::from_secs(1);
 
+/// The longest a request waits for its namespace's object count before it starts its
+/// name key anyway (an upstream that does not answer a `limit=1` list in this time will
+/// not serve the namespace key's list any sooner).
+pub(super) const COUNT_WAIT: Duration = Duration::from_secs(2);
+
+/// A namespace's names are read with its count when it has at most this many objects:
+/// then a request's name is known to exist or not before its key runs (watching names
+/// that do not exist must not pull a namespace in). A bigger namespace is not coalesced
+/// from requests in flight, only by the check (needing a quarter of 500 names at the
+/// default fraction, it is no kubelet's).
+const NAMES_UP_TO: usize = 500;
+
+/// How long requests of a group without a fresh count gather before they are decided
+/// together, however soon the count comes (on loopback a `limit` list answers in a
+/// millisecond, before the rest of a burst has arrived). Paid by the requests that start
+/// a group's count: once per group per count TTL.
+const GATHER: Duration = Duration::from_millis(100);
+
 /// What the registry remembers of one namespace and resource (keyed by its namespace key).
 #[derive(Debug, Default)]
 pub(super) struct Coalescing {
     objects: Option<(u64, u64)>,
+    /// The names of the group's objects when its count read them (`NAMES_UP_TO`).
+    names: Option<HashSet<String>>,
     counting: bool,
     below_since_ms: Option<u64>,
     state: State,
     /// The figures of the last check: names (or nodes) watched and the objects they hold.
     last: (usize, Option<u64>),
+    /// Names asked since the last check whose keys were not running: the requests in
+    /// flight, counted in by `on_request` (`core::coalesce`).
+    asked: HashSet<Key>,
+    /// Requests waiting for the group's object count before they start a name key.
+    waiting: Vec<oneshot::Sender<()>>,
+    /// Until when (registry ms) requests gather before they are decided together.
+    gather_until_ms: u64,
 }
 
 /// One group in `/debug/keys`: its state and the figures the last decision was made on.
@@ -72,6 +102,36 @@ enum State {
 }
 
 impl Coalescing {
+    /// The group's figures with the names asked since the last check counted in: each
+    /// was not running when asked, so it is not in the last check's figures, and a name
+    /// key holds its object or none (counted as one, as `held` counts a name it cannot
+    /// see).
+    fn in_flight(&self) -> (usize, Group) {
+        let names = self.last.0 + self.asked.len();
+        // A name asked weighs its object when the count says it exists; unknown, nothing
+        // (names that do not exist must not pull the namespace in).
+        let existing = self.asked.iter().filter(|k| match (&k.scope, &self.names) {
+            (Scope::Name { name, .. }, Some(names)) => names.contains(name),
+            _ => false,
+        });
+        let held = self.last.1.unwrap_or(0) + existing.count() as u64;
+        let g = Group {
+            names,
+            held: Some(held),
+            objects: self.objects,
+            counting: self.counting,
+            coalesced: !matches!(self.state, State::Apart),
+            below_since_ms: self.below_since_ms,
+        };
+        (names, g)
+    }
+
+    fn wait(&mut self) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        self.waiting.push(tx);
+        rx
+    }
+
     pub(super) fn coalesced(&self) -> bool {
         matches!(self.state, State::Coalesced)
     }
@@ -202,6 +262,12 @@ impl Registry {
             let held = self.held(&ns_key, watched, names.get(&ns_key));
             let c = self.coalescing.entry(ns_key.clone()).or_default();
             c.last = (watched, held);
+            // The names asked since the last check run now (or are served by the
+            // namespace key): `watched` counts them. Those still waiting for a count are
+            // not counted anywhere else.
+            if c.waiting.is_empty() {
+                c.asked.clear();
+            }
             let group = Group {
                 names: watched,
                 held,
@@ -264,17 +330,112 @@ impl Registry {
         self.coalesce(&group, names);
     }
 
+    /// Before a request of `asked` starts its name key: its group decided from the
+    /// requests in flight (`coalesce::on_request`) — coalesced now if they suffice, so
+    /// the request (and the rest of its burst) is served by the namespace key and no name
+    /// key starts only to be stopped at the next check. `Some`: the request waits for the
+    /// group's object count (the answer says nothing; the request is then routed afresh).
+    pub(super) fn before_start(
+        &mut self,
+        asked: &Key,
+        ctx: &mut Context<Self>,
+    ) -> Option<oneshot::Receiver<()>> {
+        // Cheapest first: this runs for every request.
+        if !matches!(asked.scope, Scope::Name { .. }) || self.keys.contains(asked) {
+            // Node keys are left to the check: what a node key holds (its pods) is
+            // known only once it runs.
+            return None;
+        }
+        let t = self.cfg.coalesce_thresholds();
+        let group = group_key(asked)?;
+        if t.min_names == 0 || self.state(&group) == KeyState::Synced {
+            // A synced namespace key covers the name already (`cover::route`).
+            return None;
+        }
+        self.adopt_fleet_coalescing(asked);
+        let now = self.now_ms();
+        let c = self.coalescing.entry(group.clone()).or_default();
+        if !matches!(c.state, State::Apart) {
+            return None;
+        }
+        c.asked.insert(asked.clone());
+        let (names, g) = c.in_flight();
+        match coalesce::on_request(&g, &t, now, now < c.gather_until_ms) {
+            OnRequest::Start => None,
+            OnRequest::Coalesce => {
+                tracing::info!(key = %group, names, "coalescing from the requests in flight");
+                self.coalesce(&group, names);
+                // Those gathered with it are served by the namespace key too.
+                self.decide_waiting(&group);
+                None
+            }
+            OnRequest::Wait => Some(c.wait()),
+            OnRequest::Count => {
+                c.counting = true;
+                c.gather_until_ms = now + GATHER.as_millis() as u64;
+                let waiting = c.wait();
+                self.count(group.clone(), ctx);
+                ctx.run_later(GATHER, move |act, _| {
+                    if let Some(c) = act.coalescing.get_mut(&group) {
+                        c.gather_until_ms = 0;
+                    }
+                    act.decide_waiting(&group)
+                });
+                Some(waiting)
+            }
+        }
+    }
+
     fn count(&mut self, ns_key: Key, ctx: &mut Context<Self>) {
         let now = self.now_ms();
-        let counted = self.sources.count(&ns_key);
+        let names_up_to = match ns_key.scope {
+            Scope::Namespace(_) => NAMES_UP_TO,
+            _ => 0,
+        };
+        let counted = self.sources.count(&ns_key, names_up_to);
         ctx.spawn(counted.into_actor(self).map(move |n, act, _| {
             if let Some(c) = act.coalescing.get_mut(&ns_key) {
                 c.counting = false;
                 // A namespace that cannot be counted is not pulled in, until asked again.
-                c.objects = Some((n.unwrap_or(u64::MAX), now));
-                tracing::debug!(key = %ns_key, objects = ?n, "counted the namespace's objects");
+                c.objects = Some((n.as_ref().map_or(u64::MAX, |n| n.objects), now));
+                c.names = n.and_then(|n| n.names);
+                tracing::debug!(key = %ns_key, objects = ?c.objects, "counted the namespace's objects");
             }
+            act.decide_waiting(&ns_key);
         }));
+    }
+
+    /// The group's count came: decides it with the requests that waited for it, and lets
+    /// them go on.
+    fn decide_waiting(&mut self, group: &Key) {
+        let t = self.cfg.coalesce_thresholds();
+        let now = self.now_ms();
+        let Some(c) = self.coalescing.get_mut(group) else {
+            return;
+        };
+        let apart = matches!(c.state, State::Apart);
+        // Apart, they wait for both the count and the end of the window (whichever comes
+        // last decides); once coalesced, routing serves them.
+        if c.waiting.is_empty() || (apart && (c.counting || now < c.gather_until_ms)) {
+            return;
+        }
+        let waiting = std::mem::take(&mut c.waiting);
+        let (names, g) = c.in_flight();
+        let result = if apart && coalesce::on_request(&g, &t, now, false) == OnRequest::Coalesce {
+            tracing::info!(key = %group, names, waited = waiting.len(), "coalescing from the requests in flight");
+            self.coalesce(group, names);
+            "coalesced"
+        } else if apart {
+            "apart"
+        } else {
+            // Coalesced meanwhile (the fleet's figures at a check): routing serves them.
+            "coalesced"
+        };
+        metrics::counter!(m::COALESCE_REQUEST_WAITS, "result" => result)
+            .increment(waiting.len() as u64);
+        for w in waiting {
+            let _ = w.send(());
+        }
     }
 
     fn coalesce(&mut self, ns_key: &Key, names: usize) {

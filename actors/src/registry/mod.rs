@@ -316,6 +316,15 @@ fn start(
         None => cached.start(),
     };
     tracing::info!(key = %key, "caching key");
+    let scope = match key.scope {
+        crate::core::key::Scope::Name { .. } => "name",
+        crate::core::key::Scope::Namespace(_) => "namespace",
+        crate::core::key::Scope::Node(_) => "node",
+        crate::core::key::Scope::Cluster => "cluster",
+    };
+    let r = &key.resource;
+    metrics::counter!(crate::metrics::KEYS_STARTED, "group" => r.group.clone(), "resource" => r.resource.clone(), "scope" => scope)
+        .increment(1);
     Slot {
         token: key_token(key),
         addr,
@@ -571,11 +580,35 @@ impl Handler<RemoteInterest> for Registry {
 }
 
 impl Handler<Acquire> for Registry {
-    type Result = MessageResult<Acquire>;
+    type Result = ResponseActFuture<Self, Result<Held, Error>>;
 
-    fn handle(&mut self, msg: Acquire, _ctx: &mut Self::Context) -> Self::Result {
-        MessageResult(self.acquire_covering(msg.key, msg.from_rv, msg.user.as_deref()))
+    fn handle(&mut self, msg: Acquire, ctx: &mut Self::Context) -> Self::Result {
+        let waiting = self.before_start(&msg.key, ctx);
+        after_waiting(waiting, move |act, _| {
+            act.acquire_covering(msg.key, msg.from_rv, msg.user.as_deref())
+        })
     }
+}
+
+/// Runs `then` on the registry at once, or once the request's group has been decided
+/// (`before_start`) — or after `coalesce::COUNT_WAIT`, whatever happened to the count.
+fn after_waiting<T: 'static>(
+    waiting: Option<tokio::sync::oneshot::Receiver<()>>,
+    then: impl FnOnce(&mut Registry, &mut Context<Registry>) -> T + 'static,
+) -> ResponseActFuture<Registry, T> {
+    let Some(rx) = waiting else {
+        return Box::pin(actix::fut::ready(()).map(move |(), act, ctx| then(act, ctx)));
+    };
+    let waited = tokio::time::timeout(coalesce::COUNT_WAIT, rx);
+    Box::pin(
+        actix::fut::wrap_future::<_, Registry>(waited).map(move |res, act, ctx| {
+            if res.is_err() {
+                metrics::counter!(crate::metrics::COALESCE_REQUEST_WAITS, "result" => "timeout")
+                    .increment(1);
+            }
+            then(act, ctx)
+        }),
+    )
 }
 
 impl Handler<Release> for Registry {
@@ -587,9 +620,16 @@ impl Handler<Release> for Registry {
 }
 
 impl Handler<Hold> for Registry {
-    type Result = MessageResult<Hold>;
+    type Result = ResponseActFuture<Self, Result<Held, Error>>;
 
     fn handle(&mut self, msg: Hold, ctx: &mut Self::Context) -> Self::Result {
+        let waiting = self.before_start(&msg.key, ctx);
+        after_waiting(waiting, move |act, ctx| act.hold(msg, ctx))
+    }
+}
+
+impl Registry {
+    fn hold(&mut self, msg: Hold, ctx: &mut Context<Self>) -> Result<Held, Error> {
         let held = self.acquire_covering(msg.key.clone(), 0, msg.user.as_deref());
         if let Ok(h) = &held {
             let (key, asked) = (h.key.clone(), msg.key);
@@ -605,11 +645,9 @@ impl Handler<Hold> for Registry {
                 None => {}
             }
         }
-        MessageResult(held)
+        held
     }
-}
 
-impl Registry {
     /// After `after`, releases the hold of `asked` on `key` if no read renewed it, or
     /// checks again when its deadline has moved: one timer per held key.
     fn check_hold(&mut self, key: Key, asked: Key, after: Duration, ctx: &mut Context<Self>) {
