@@ -194,6 +194,11 @@ pub struct Args {
     /// watchers over stop after its `grace_period_secs` (30).
     #[arg(long, default_value_t = 45)]
     pub settle_secs: u64,
+    /// coalesce: how often the API server's watches, kcache's upstream watches and both
+    /// RSS are sampled while the watches open and settle (milliseconds; each sample
+    /// scrapes the API server's /metrics, which costs it CPU).
+    #[arg(long, default_value_t = 5000)]
+    pub sample_every_ms: u64,
     /// coalesce: the `cache.coalesce_min_names` the kcache under test was started with
     /// (run.sh writes it into kcache's configuration; recorded in the results; 0 = off).
     #[arg(long, default_value_t = 0)]

@@ -34,7 +34,8 @@
 //! `--seconds` (20) to pseudo-randomly chosen objects of the namespaces (the same ones for
 //! every target, unwatched ones included): each must reach every watch of its object, no
 //! more, no fewer. While the watches open and settle, a sampler reads the API server's
-//! registered watchers and both RSS every `SAMPLE_EVERY`, for the peaks (kcache's name keys
+//! registered watchers, kcache's upstream watches and both RSS every `--sample-every-ms`
+//! (5 s; its /metrics is large, and scraping it costs the API server), for the peaks (kcache's name keys
 //! run until coalescing has moved their watchers, so the API server's peak can be well
 //! above where it settles).
 
@@ -65,9 +66,6 @@ const QUIET: Duration = Duration::from_secs(10);
 /// to read new connections' HTTP/2 SETTINGS in time and closed 13 of them ("timeout
 /// waiting for SETTINGS frames"); 100 nodes' 3,300 at once it handled.
 const MAX_NODES_PER_STEP: usize = 100;
-/// How often the sampler reads the API server's watch count (its /metrics is large;
-/// scraping it costs the API server, which has one core).
-pub(super) const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug)]
 pub struct Params {
@@ -309,6 +307,7 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         let api_peak = PeakRss::start(ctx.args.apiserver_pid, Duration::from_millis(200));
         let target_peak = PeakRss::start(t.pid, Duration::from_millis(200));
         let pool = ConnPool::per_node(&ctx.model, p.nodes, per_node);
+        let open_at_sample_secs = sampler.seconds();
         let opened_at = Instant::now();
         s.open(&pool, watches.clone()).await;
         let open_seconds = s.open_seconds();
@@ -352,6 +351,22 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
             .chain([registered_total(&after_open), registered_total(&settled)])
             .filter(|v| v.is_finite())
             .fold(f64::NAN, f64::max);
+        // Issue 31.4's bound: at most two upstream watches per namespace (its Secrets key
+        // and its ConfigMaps key) at every moment after the first second of the burst.
+        let after_first_second: Vec<&observe::Sample> = samples
+            .iter()
+            .filter(|s| s.seconds >= open_at_sample_secs + 1.0)
+            .collect();
+        let upstream_after_first_second = after_first_second
+            .iter()
+            .filter_map(|s| s.kcache_upstream_watches)
+            .fold(f64::NAN, f64::max);
+        let apiserver_after_first_second = after_first_second
+            .iter()
+            .map(|s| s.apiserver_watches - registered_total(&before))
+            .filter(|v| v.is_finite())
+            .fold(f64::NAN, f64::max);
+        let namespaces_used = p.namespaces.min(p.nodes * p.ns_per_node);
         let kib = |a: u64, b: u64| a as i64 - b as i64;
         let heap_growth = settled
             .apiserver_heap_inuse_bytes
@@ -379,6 +394,12 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
             report.deliveries,
             written.expected,
         ));
+        if !t.is_apiserver() {
+            ctx.progress.log(&format!(
+                "{variant}: from 1 s after the watches began: at most {upstream_after_first_second} upstream watches (bound {}), API server watches added at most {apiserver_after_first_second}",
+                2 * namespaces_used
+            ));
+        }
         if let Some(k) = &keys {
             ctx.progress.log(&format!(
                 "{variant}: upstream watches per namespace: max {}, mean {:.2}; {} namespace keys coalesced (secrets), {} (configmaps)",
@@ -440,8 +461,16 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
                 "added": registered_added,
                 "added_total": registered_added.values().sum::<f64>(),
                 "peak_added": peak_registered - registered_total(&before),
-                "peak_method": format!("highest of the samples every {} s while the watches opened and settled, and of the reads after each", SAMPLE_EVERY.as_secs()),
+                "peak_method": format!("highest of the samples every {} ms while the watches opened and settled, and of the reads after each", ctx.args.sample_every_ms),
+                "max_added_after_first_second": apiserver_after_first_second,
             },
+            "upstream_after_first_second": (!t.is_apiserver()).then(|| json!({
+                "method": "the highest kcache_upstream_watches of the samples taken from 1 s after the watch requests began until the watches had settled",
+                "max": upstream_after_first_second,
+                "bound": 2 * namespaces_used,
+                "within_bound": upstream_after_first_second <= (2 * namespaces_used) as f64,
+                "samples": after_first_second.len(),
+            })),
             "kcache_metrics": (!t.is_apiserver()).then(|| json!({
                 "after_open": after_open.kcache,
                 "after_settle": settled.kcache,

@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::super::{Ctx, Target};
-use super::{NS_PREFIX, SAMPLE_EVERY};
+use super::NS_PREFIX;
 use crate::probe;
 
 /// What the servers say at one moment.
@@ -148,21 +148,23 @@ pub(super) struct Sample {
     pub(super) kcache_upstream_watches: Option<f64>,
 }
 
-/// Reads the watch counts and RSS every [`SAMPLE_EVERY`] until stopped.
+/// Reads the watch counts and RSS every `--sample-every-ms` until stopped.
 pub(super) struct Sampler {
     pub(super) stop: Arc<AtomicBool>,
     pub(super) task: tokio::task::JoinHandle<Vec<Sample>>,
+    start: Instant,
 }
 
 impl Sampler {
     pub(super) fn start(ctx: &Ctx, t: &Target) -> Sampler {
+        let every = Duration::from_millis(ctx.args.sample_every_ms.max(100));
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let (http, token) = (ctx.api.http.clone(), ctx.args.token.clone());
         let (api_url, api_pid) = (ctx.args.apiserver.clone(), ctx.args.apiserver_pid);
         let (t_url, t_pid, kcache) = (t.url.clone(), t.pid, !t.is_apiserver());
+        let start = Instant::now();
         let task = tokio::spawn(async move {
-            let start = Instant::now();
             let mut out = Vec::new();
             while !flag.load(Ordering::Relaxed) {
                 let registered = probe::apiserver_watches_at(&http, &api_url, &token)
@@ -180,14 +182,19 @@ impl Sampler {
                     target_rss_kib: probe::rss_kib(t_pid),
                     kcache_upstream_watches: upstream,
                 });
-                let next = Instant::now() + SAMPLE_EVERY;
+                let next = Instant::now() + every;
                 while Instant::now() < next && !flag.load(Ordering::Relaxed) {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
             }
             out
         });
-        Sampler { stop, task }
+        Sampler { stop, task, start }
+    }
+
+    /// Seconds since the sampler started, on its samples' clock.
+    pub(super) fn seconds(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
     }
 
     pub(super) async fn stop(self) -> Vec<Sample> {

@@ -263,7 +263,14 @@ async fn measure(
     }
     tokio::time::sleep(Duration::from_millis(ctx.args.settle_ms)).await;
     let keys: HashSet<usize> = plan.iter().map(|(_, o)| *o).collect();
-    let gauges = ["kcache_upstream_watches", "kcache_synced_keys"];
+    // With coalescing, a namespace key's one upstream watch stands for the names it
+    // serves: every key is watched when upstream watches + those saved reach the keys.
+    let gauges = [
+        "kcache_upstream_watches",
+        "kcache_synced_keys",
+        "kcache_coalesce_upstream_watches_saved",
+    ];
+    let all_watched = |v: &[f64]| v[0] + v[2] >= keys.len() as f64;
     // kcache paces upstream list and watch starts (`upstream_qps`): its clients are all
     // served (from a key's list) seconds before the last key's upstream watch is open.
     // The restart should hit a steady state, every key watching upstream.
@@ -275,7 +282,7 @@ async fn measure(
         let until = start + Duration::from_secs(120);
         loop {
             let v = read_metrics(ctx, &t.url, &gauges).await;
-            if v.as_ref().is_some_and(|v| v[0] >= keys.len() as f64) {
+            if v.as_ref().is_some_and(|v| all_watched(v)) {
                 steady_wait = Some(secs(start.elapsed()));
                 break;
             }
@@ -428,7 +435,7 @@ async fn measure(
                         "synced_keys": v[1],
                         "clients_with_write": stats.iter().filter(|s| s.got.get().is_some()).count(),
                     }));
-                    if rewatched.is_none() && v[0] >= keys.len() as f64 {
+                    if rewatched.is_none() && all_watched(&v) {
                         rewatched = Some(secs(ready.elapsed()));
                     }
                 }
@@ -509,15 +516,15 @@ async fn measure(
             .collect();
         m.insert(
             "gauges_before".into(),
-            json!(kcache_gauges_before
-                .as_ref()
-                .map(|g| json!({"upstream_watches": g[0], "synced_keys": g[1]}))),
+            json!(kcache_gauges_before.as_ref().map(
+                |g| json!({"upstream_watches": g[0], "synced_keys": g[1], "coalesce_saved": g[2]})
+            )),
         );
         m.insert(
             "gauges_after".into(),
-            json!(kcache_gauges_after
-                .as_ref()
-                .map(|g| json!({"upstream_watches": g[0], "synced_keys": g[1]}))),
+            json!(kcache_gauges_after.as_ref().map(
+                |g| json!({"upstream_watches": g[0], "synced_keys": g[1], "coalesce_saved": g[2]})
+            )),
         );
         m.insert("timeline".into(), json!(timeline));
         m.insert(
