@@ -40,9 +40,18 @@ const NAMES_UP_TO: usize = 500;
 
 /// How long requests of a group without a fresh count gather before they are decided
 /// together, however soon the count comes (on loopback a `limit` list answers in a
-/// millisecond, before the rest of a burst has arrived). Paid by the requests that start
-/// a group's count: once per group per count TTL.
+/// millisecond, before the rest of a burst has arrived): until no request of the group
+/// came for `GATHER`, at most `GATHER_AT_MOST` after the first. A lone request waits
+/// `GATHER`; a burst (kubelets reconnecting one after another, each with a few names of
+/// the namespace) is decided whole. Paid once per group per count TTL.
 const GATHER: Duration = Duration::from_millis(100);
+const GATHER_AT_MOST: Duration = Duration::from_secs(1);
+
+/// After a coalescing decided at a request, how often the name keys started before it are
+/// asked to hand their watchers over (once the namespace key has synced), instead of at
+/// the next check; and how many times.
+const HURRY_EVERY: Duration = Duration::from_millis(100);
+const HURRY_TRIES: u32 = 30;
 
 /// What the registry remembers of one namespace and resource (keyed by its namespace key).
 #[derive(Debug, Default)]
@@ -60,7 +69,9 @@ pub(super) struct Coalescing {
     asked: HashSet<Key>,
     /// Requests waiting for the group's object count before they start a name key.
     waiting: Vec<oneshot::Sender<()>>,
-    /// Until when (registry ms) requests gather before they are decided together.
+    /// When the gathering began and until when (registry ms) requests gather before they
+    /// are decided together (`GATHER`).
+    gather_from_ms: u64,
     gather_until_ms: u64,
 }
 
@@ -360,30 +371,73 @@ impl Registry {
         }
         c.asked.insert(asked.clone());
         let (names, g) = c.in_flight();
-        match coalesce::on_request(&g, &t, now, now < c.gather_until_ms) {
+        let gathering = now < c.gather_until_ms;
+        match coalesce::on_request(&g, &t, now, gathering) {
             OnRequest::Start => None,
             OnRequest::Coalesce => {
                 tracing::info!(key = %group, names, "coalescing from the requests in flight");
                 self.coalesce(&group, names);
                 // Those gathered with it are served by the namespace key too.
-                self.decide_waiting(&group);
+                self.decide_waiting(&group, ctx);
+                self.hurry_handover(group, 0, ctx);
                 None
             }
-            OnRequest::Wait => Some(c.wait()),
+            OnRequest::Wait => {
+                if gathering {
+                    // The burst goes on: the window stays open while requests keep coming.
+                    let most = c.gather_from_ms + GATHER_AT_MOST.as_millis() as u64;
+                    c.gather_until_ms = (now + GATHER.as_millis() as u64).min(most);
+                }
+                Some(c.wait())
+            }
             OnRequest::Count => {
                 c.counting = true;
+                c.gather_from_ms = now;
                 c.gather_until_ms = now + GATHER.as_millis() as u64;
                 let waiting = c.wait();
                 self.count(group.clone(), ctx);
-                ctx.run_later(GATHER, move |act, _| {
-                    if let Some(c) = act.coalescing.get_mut(&group) {
-                        c.gather_until_ms = 0;
-                    }
-                    act.decide_waiting(&group)
-                });
+                self.end_gathering(group, GATHER, ctx);
                 Some(waiting)
             }
         }
+    }
+
+    /// Ends the group's gathering window once no request has extended it for `after`.
+    fn end_gathering(&mut self, group: Key, after: Duration, ctx: &mut Context<Self>) {
+        ctx.run_later(after, move |act, ctx| {
+            let now = act.now_ms();
+            let Some(c) = act.coalescing.get_mut(&group) else {
+                return;
+            };
+            if now < c.gather_until_ms {
+                let left = Duration::from_millis(c.gather_until_ms - now);
+                return act.end_gathering(group, left, ctx);
+            }
+            c.gather_until_ms = 0;
+            act.decide_waiting(&group, ctx);
+        });
+    }
+
+    /// Has the name keys that ran before a coalescing decided at a request (the names
+    /// asked since the last check) hand their watchers over as soon as the namespace key
+    /// has synced, rather than at the next check: every `HURRY_EVERY` until none has
+    /// watchers left, at most `HURRY_TRIES` times.
+    fn hurry_handover(&mut self, group: Key, tries: u32, ctx: &mut Context<Self>) {
+        ctx.run_later(HURRY_EVERY, move |act, ctx| {
+            let Some(c) = act.coalescing.get(&group).filter(|c| c.coalesced()) else {
+                return;
+            };
+            let names = c.asked.clone();
+            act.carry_on(&group, Some(&names), ctx);
+            let left = names.iter().any(|n| {
+                act.keys
+                    .get(n)
+                    .is_some_and(|e| e.value.status.watchers.load(Ordering::Relaxed) > 0)
+            });
+            if left && tries + 1 < HURRY_TRIES {
+                act.hurry_handover(group, tries + 1, ctx);
+            }
+        });
     }
 
     fn count(&mut self, ns_key: Key, ctx: &mut Context<Self>) {
@@ -393,7 +447,7 @@ impl Registry {
             _ => 0,
         };
         let counted = self.sources.count(&ns_key, names_up_to);
-        ctx.spawn(counted.into_actor(self).map(move |n, act, _| {
+        ctx.spawn(counted.into_actor(self).map(move |n, act, ctx| {
             if let Some(c) = act.coalescing.get_mut(&ns_key) {
                 c.counting = false;
                 // A namespace that cannot be counted is not pulled in, until asked again.
@@ -401,13 +455,13 @@ impl Registry {
                 c.names = n.and_then(|n| n.names);
                 tracing::debug!(key = %ns_key, objects = ?c.objects, "counted the namespace's objects");
             }
-            act.decide_waiting(&ns_key);
+            act.decide_waiting(&ns_key, ctx);
         }));
     }
 
     /// The group's count came: decides it with the requests that waited for it, and lets
     /// them go on.
-    fn decide_waiting(&mut self, group: &Key) {
+    fn decide_waiting(&mut self, group: &Key, ctx: &mut Context<Self>) {
         let t = self.cfg.coalesce_thresholds();
         let now = self.now_ms();
         let Some(c) = self.coalescing.get_mut(group) else {
@@ -424,6 +478,7 @@ impl Registry {
         let result = if apart && coalesce::on_request(&g, &t, now, false) == OnRequest::Coalesce {
             tracing::info!(key = %group, names, waited = waiting.len(), "coalescing from the requests in flight");
             self.coalesce(group, names);
+            self.hurry_handover(group.clone(), 0, ctx);
             "coalesced"
         } else if apart {
             "apart"
