@@ -151,6 +151,35 @@ pub fn on_request(g: &Group, t: &Thresholds, now_ms: u64, gathering: bool) -> On
     }
 }
 
+/// Requests that would start a name key, per second, the registry over: a restart storm
+/// is many at once, however few reach each namespace in a short while (30 kubelets
+/// reconnecting one after another reached each namespace 100–250 ms apart).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct AskRate {
+    second: u64,
+    this: u32,
+    last: u32,
+}
+
+/// From this many requests per second (`AskRate`), a group's requests gather for the
+/// longer window: a storm.
+pub const STORM_ASKS: u32 = 32;
+
+impl AskRate {
+    /// Counts a request at `now_ms`; the rate: this second's count or the last one's,
+    /// whichever is higher (a storm does not end at a second's turn).
+    pub fn note(&mut self, now_ms: u64) -> u32 {
+        let s = now_ms / 1000;
+        if s != self.second {
+            self.last = if s == self.second + 1 { self.this } else { 0 };
+            self.this = 0;
+            self.second = s;
+        }
+        self.this = self.this.saturating_add(1);
+        self.this.max(self.last)
+    }
+}
+
 /// Where a watcher moved from one key to another resumes: the RV up to which the key it
 /// leaves has given it every event (`from_progress`: it was live and caught up, and the
 /// move is queued behind those events). The key it joins must be synced; it may be behind
@@ -306,6 +335,20 @@ mod tests {
             on_request(&g(30, None, false, None), &off, now, true),
             OnRequest::Start
         );
+    }
+
+    #[test]
+    fn the_ask_rate_is_this_seconds_or_the_last_ones() {
+        let mut r = AskRate::default();
+        // 40 in the first second.
+        let rates: Vec<u32> = (0..40).map(|i| r.note(i * 20)).collect();
+        assert_eq!(rates[0], 1);
+        assert_eq!(rates[39], 40);
+        // The next second still counts the last one's 40.
+        assert_eq!(r.note(1_500), 40);
+        // A quiet second in between: the storm is over.
+        assert_eq!(r.note(3_100), 1);
+        assert_eq!(r.note(3_200), 2);
     }
 
     #[test]

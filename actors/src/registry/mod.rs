@@ -57,6 +57,8 @@ pub struct Registry {
     fleet: Option<FleetInterest>,
     /// Adaptive coalescing, by namespace key (`coalesce`).
     coalescing: HashMap<Key, coalesce::Coalescing>,
+    /// Requests that would start a name key, per second: a storm gathers longer.
+    asks: crate::core::coalesce::AskRate,
     /// Keys the configuration keeps cached with no client asking ([`Declare`]): one
     /// reference each, never released.
     declared: HashSet<Key>,
@@ -136,6 +138,7 @@ impl Registry {
             replica,
             fleet: None,
             coalescing: HashMap::new(),
+            asks: Default::default(),
             declared: HashSet::new(),
             wants: Wants::default(),
             started: std::time::Instant::now(),
