@@ -808,3 +808,54 @@ async fn a_burst_of_name_watches_is_coalesced_before_any_name_key_starts() {
         );
     }
 }
+
+/// A reflector's list of a name holds its key for the grace period. Once the namespace is
+/// coalesced, those holds move to the namespace key (which serves the reads from then
+/// on) and the name keys stop, rather than each keep an upstream watch until its hold
+/// runs out (the restart bench had 344 such name keys running beside two namespace keys).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_holds_on_name_keys_move_to_their_coalesced_namespace_key() {
+    // A grace period (the read hold) far longer than the test.
+    let (_cluster, k, api) = namespace_through_kcache(
+        "[cache]\ncoalesce_min_names = 4\ncoalesce_fraction = 0.3\ngrace_period_secs = 600\n",
+    )
+    .await;
+    for i in 0..OBJECTS {
+        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("cm{i}")},
+        }))
+        .expect("cm");
+        api.create(&Default::default(), &cm).await.expect("create");
+    }
+    let http = support::http::Http::new(&k.url);
+    let list = |i: usize| {
+        format!("/api/v1/namespaces/{NS}/configmaps?fieldSelector=metadata.name%3Dcm{i}")
+    };
+    // Three names listed one by one, below coalesce_min_names: a name key each, held.
+    for i in 0..3 {
+        let (code, body) = http.get_admin(&list(i)).await;
+        assert_eq!(code, 200, "{body:#}");
+    }
+    assert_eq!(name_keys(&k).await, 3, "{:#}", k.debug_keys().await);
+    // A fourth name's watch coalesces the namespace.
+    let _watch = http.watch_ok(&format!("{}&watch=1", list(3))).await;
+    coalesced_into_one_watch(
+        &k,
+        Duration::from_secs(30),
+        "the held name keys stopped well within their hold",
+    )
+    .await;
+    // The reads go on from the namespace key, which holds them now.
+    let info = k
+        .key_info(&format!("/api/v1/namespaces/{NS}/configmaps"))
+        .await
+        .expect("namespace key");
+    let served = support::kcache::covering(&info);
+    for i in 0..3 {
+        let want = format!("/api/v1/namespaces/{NS}/configmaps/cm{i} coalesced");
+        assert!(served.contains(&want), "{want} not in {served:?}");
+    }
+    let (code, body) = http.get_admin(&list(1)).await;
+    assert_eq!(code, 200);
+    assert_eq!(body["items"][0]["metadata"]["name"], "cm1", "{body:#}");
+}

@@ -77,6 +77,12 @@ impl<K: Hash + Eq + Clone> Holds<K> {
         }
     }
 
+    /// Takes every hold away, with its deadline: their references move to another key
+    /// (a coalesced namespace key serving the names). Their timers find them `Gone`.
+    pub fn take(&mut self) -> Vec<(K, Instant)> {
+        self.until.drain().collect()
+    }
+
     pub fn len(&self) -> usize {
         self.until.len()
     }
@@ -89,6 +95,20 @@ impl<K: Hash + Eq + Clone> Holds<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn taken_holds_leave_nothing_for_their_timers() {
+        let t0 = Instant::now();
+        let mut h = Holds::default();
+        assert_eq!(
+            h.hold(&"a", t0, Duration::from_secs(30)),
+            OnHold::Keep(Duration::from_secs(30))
+        );
+        let taken = h.take();
+        assert_eq!(taken, [("a", t0 + Duration::from_secs(30))]);
+        assert!(h.is_empty());
+        assert_eq!(h.timer(&"a", t0 + Duration::from_secs(31)), OnTimer::Gone);
+    }
 
     #[test]
     fn a_hold_is_one_reference_renewed_by_every_read() {

@@ -18,6 +18,7 @@ use super::{Moved, Registry};
 use crate::cached_object::{HandOver, HandedOver};
 use crate::core::coalesce::{self, Decision, Group, OnRequest};
 use crate::core::cover::KeyState;
+use crate::core::holds::OnHold;
 use crate::core::key::{Key, Scope};
 use crate::core::refs::Released;
 use crate::core::subject::{key_token, member_token_prefix};
@@ -34,9 +35,10 @@ pub(super) const COUNT_WAIT: Duration = Duration::from_secs(2);
 /// A namespace's names are read with its count when it has at most this many objects:
 /// then a request's name is known to exist or not before its key runs (watching names
 /// that do not exist must not pull a namespace in). A bigger namespace is not coalesced
-/// from requests in flight, only by the check (needing a quarter of 500 names at the
-/// default fraction, it is no kubelet's).
-const NAMES_UP_TO: usize = 500;
+/// from requests in flight, only by the check (needing a quarter of 1,000 names at the
+/// default fraction, it is no kubelet's). The list costs about 200 bytes an object, once
+/// per group per count TTL.
+const NAMES_UP_TO: usize = 1000;
 
 /// How long requests of a group without a fresh count gather before they are decided
 /// together, however soon the count comes (on loopback a `limit` list answers in a
@@ -564,10 +566,15 @@ impl Registry {
         match &c.state {
             State::Apart => {}
             State::Coalesced => {
+                let synced = ns_status.synced.load(Ordering::Relaxed);
+                let mut held = Vec::new();
                 for name in names.into_iter().flatten() {
                     let Some(e) = self.keys.get(name) else {
                         continue;
                     };
+                    if synced && !e.value.holds.is_empty() {
+                        held.push(name.clone());
+                    }
                     if e.value.status.watchers.load(Ordering::Relaxed) == 0 {
                         continue;
                     }
@@ -577,6 +584,9 @@ impl Registry {
                         to_status: ns_status.clone(),
                         only_asked: None,
                     });
+                }
+                for name in held {
+                    self.move_holds(&name, ns_key, ctx);
                 }
             }
             State::Splitting(started) => {
@@ -616,6 +626,37 @@ impl Registry {
                         }
                     }));
                 }
+            }
+        }
+    }
+}
+
+impl Registry {
+    /// Moves the read holds on name key `from` to its coalesced namespace key `to`, which
+    /// serves those reads from now on, with what is left of each: a name key a reflector's
+    /// list started (held for the grace period) stops once its watchers have moved too,
+    /// instead of holding a second upstream watch until its hold runs out.
+    fn move_holds(&mut self, from: &Key, to: &Key, ctx: &mut Context<Self>) {
+        let Some(slot) = self.keys.get_mut(from) else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        for (asked, until) in slot.holds.take() {
+            // Taken on the namespace key first, so that the name key's release may stop it.
+            self.acquire(to, &asked);
+            let left = until.saturating_duration_since(now);
+            match self
+                .keys
+                .get_mut(to)
+                .map(|s| s.holds.hold(&asked, now, left))
+            {
+                Some(OnHold::Keep(after)) => self.check_hold(to.clone(), asked.clone(), after, ctx),
+                Some(OnHold::Extended) => self.release(to, &asked, ctx),
+                None => {}
+            }
+            match self.keys.release(from, &asked) {
+                Released::Idle { generation } => self.stop_now(from.clone(), generation, ctx),
+                Released::Held | Released::Unknown => {}
             }
         }
     }

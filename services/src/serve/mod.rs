@@ -295,15 +295,17 @@ async fn read(
     key: Key,
     at: At,
 ) -> Result<Result<(Key, cached_object::Snapshot), Reason>, ApiError> {
-    let held = state
-        .registry
-        .send(Hold {
-            key,
-            duration: state.cache.grace_period(),
-            user: Some(user.username.clone()),
-        })
+    // Away from its seat while the registry may hold it for its burst (as a watch).
+    let hold = state.registry.send(Hold {
+        key,
+        duration: state.cache.grace_period(),
+        user: Some(user.username.clone()),
+    });
+    let held = seat
+        .away(hold)
         .await
         .map_err(|_| ApiError::service_unavailable("kcache is shutting down"))?;
+    seat.back().await?;
     let held = match held {
         Ok(held) => held,
         // Past the key budget: the API server answers reads as well as the cache would.
