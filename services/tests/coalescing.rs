@@ -859,3 +859,61 @@ async fn read_holds_on_name_keys_move_to_their_coalesced_namespace_key() {
     assert_eq!(code, 200);
     assert_eq!(body["items"][0]["metadata"]["name"], "cm1", "{body:#}");
 }
+
+/// A watch whose client leaves while its request waits for its namespace group to be
+/// decided leaves nothing behind: the reference is taken only after the wait, by a request
+/// still there (a leaked reference would keep its name key and upstream watch for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_abandoned_while_its_group_is_decided_leaves_no_reference() {
+    let (_cluster, k, api) =
+        namespace_through_kcache("[cache]\ncoalesce_min_names = 4\ncoalesce_fraction = 0.3\n")
+            .await;
+    for i in 0..OBJECTS {
+        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("cm{i}")},
+        }))
+        .expect("cm");
+        api.create(&Default::default(), &cm).await.expect("create");
+    }
+    // A lone first request of the group waits (count and gathering window, 100 ms at
+    // least); its client gives up after 20 ms.
+    let url = format!(
+        "{}/api/v1/namespaces/{NS}/configmaps?watch=1&fieldSelector=metadata.name%3Dcm0",
+        k.url
+    );
+    let gave_up = support::insecure_http()
+        .get(&url)
+        .bearer_auth(ADMIN_TOKEN)
+        .timeout(Duration::from_millis(20))
+        .send()
+        .await;
+    assert!(
+        gave_up.is_err(),
+        "the watch answered within 20 ms: {gave_up:?}"
+    );
+    // The group was counted for it ...
+    eventually("the group counted", Duration::from_secs(10), || async {
+        k.debug_keys().await["groups"]
+            .as_array()
+            .is_some_and(|g| g.iter().any(|g| g["objects"].as_u64().is_some()))
+    })
+    .await;
+    // ... and no key holds a reference for the request that left.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let keys = k.debug_keys().await;
+    let held: Vec<&Value> = keys["keys"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|k| k["refcount"].as_u64() != Some(0))
+        .collect();
+    assert!(held.is_empty(), "references left: {keys:#}");
+    assert_eq!(
+        support::prom::sum(
+            &k.metrics_text().await,
+            "kcache_keys_started_total",
+            &[("scope", "name")]
+        ),
+        0.0
+    );
+}

@@ -30,14 +30,15 @@ pub(super) const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// The longest a request waits for its namespace's object count before it starts its
 /// name key anyway (an upstream that does not answer a `limit=1` list in this time will
 /// not serve the namespace key's list any sooner).
-pub(super) const COUNT_WAIT: Duration = Duration::from_secs(2);
+pub const COUNT_WAIT: Duration = Duration::from_secs(2);
 
 /// A namespace's names are read with its count when it has at most this many objects:
 /// then a request's name is known to exist or not before its key runs (watching names
 /// that do not exist must not pull a namespace in). A bigger namespace is not coalesced
 /// from requests in flight, only by the check (needing a quarter of 1,000 names at the
-/// default fraction, it is no kubelet's). The list costs about 200 bytes an object, once
-/// per group per count TTL.
+/// default fraction, it is no kubelet's). The list carries each object's metadata
+/// (annotations and managed fields included: hundreds of bytes to kilobytes an object;
+/// only the names are kept), once per group per count TTL.
 const NAMES_UP_TO: usize = 1000;
 
 /// How long requests of a group without a fresh count gather before they are decided
@@ -282,6 +283,7 @@ impl Registry {
             // The names asked since the last check run now (or are served by the
             // namespace key): `watched` counts them. Those still waiting for a count are
             // not counted anywhere else.
+            c.waiting.retain(|w| !w.is_closed());
             if c.waiting.is_empty() {
                 c.asked.clear();
             }
@@ -370,12 +372,19 @@ impl Registry {
             return None;
         }
         self.adopt_fleet_coalescing(asked);
+        // A name other replicas watch is in the last check's fleet-wide figures already.
+        let elsewhere = self.fleet.as_ref().is_some_and(|f| {
+            let token = key_token(asked);
+            f.others(&token) > 0 || f.covered_elsewhere(&token) > 0
+        });
         let now = self.now_ms();
         let c = self.coalescing.entry(group.clone()).or_default();
         if !matches!(c.state, State::Apart) {
             return None;
         }
-        c.asked.insert(asked.clone());
+        if !elsewhere {
+            c.asked.insert(asked.clone());
+        }
         let (names, g) = c.in_flight();
         let gathering = now < c.gather_until_ms;
         let storm = self.asks.note(now) >= coalesce::STORM_ASKS;
@@ -461,7 +470,10 @@ impl Registry {
             Scope::Namespace(_) => NAMES_UP_TO,
             _ => 0,
         };
-        let counted = self.sources.count(&ns_key, names_up_to);
+        // Bounded as the requests' waits are: a count that takes longer counts as failed
+        // (the group is then left apart until it is counted again).
+        let counted = tokio::time::timeout(COUNT_WAIT, self.sources.count(&ns_key, names_up_to));
+        let counted = async move { counted.await.ok().flatten() };
         ctx.spawn(counted.into_actor(self).map(move |n, act, ctx| {
             if let Some(c) = act.coalescing.get_mut(&ns_key) {
                 c.counting = false;
@@ -488,19 +500,24 @@ impl Registry {
         if c.waiting.is_empty() || (apart && (c.counting || now < c.gather_until_ms)) {
             return;
         }
-        let waiting = std::mem::take(&mut c.waiting);
+        // Those that stopped waiting (timed out, or their client left) are not counted.
+        let waiting: Vec<_> = std::mem::take(&mut c.waiting)
+            .into_iter()
+            .filter(|w| !w.is_closed())
+            .collect();
         let (names, g) = c.in_flight();
-        let result = if apart && coalesce::on_request(&g, &t, now, false) == OnRequest::Coalesce {
+        if apart && coalesce::on_request(&g, &t, now, false) == OnRequest::Coalesce {
             tracing::info!(key = %group, names, waited = waiting.len(), "coalescing from the requests in flight");
             self.coalesce(group, names);
             self.hurry_handover(group.clone(), 0, ctx);
-            "coalesced"
-        } else if apart {
-            "apart"
-        } else {
-            // Coalesced meanwhile (the fleet's figures at a check): routing serves them.
-            "coalesced"
-        };
+        }
+        // Coalesced now or meanwhile (the fleet's figures at a check): routing serves them;
+        // apart (or refused a key budget for the namespace key): they start name keys.
+        let coalesced = self
+            .coalescing
+            .get(group)
+            .is_some_and(Coalescing::coalesced);
+        let result = if coalesced { "coalesced" } else { "apart" };
         metrics::counter!(m::COALESCE_REQUEST_WAITS, "result" => result)
             .increment(waiting.len() as u64);
         for w in waiting {

@@ -583,35 +583,44 @@ impl Handler<RemoteInterest> for Registry {
 }
 
 impl Handler<Acquire> for Registry {
-    type Result = ResponseActFuture<Self, Result<Held, Error>>;
+    type Result = MessageResult<Acquire>;
 
-    fn handle(&mut self, msg: Acquire, ctx: &mut Self::Context) -> Self::Result {
-        let waiting = self.before_start(&msg.key, ctx);
-        after_waiting(waiting, move |act, _| {
-            act.acquire_covering(msg.key, msg.from_rv, msg.user.as_deref())
-        })
+    fn handle(&mut self, msg: Acquire, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.acquire_covering(msg.key, msg.from_rv, msg.user.as_deref()))
     }
 }
 
-/// Runs `then` on the registry at once, or once the request's group has been decided
-/// (`before_start`) — or after `coalesce::COUNT_WAIT`, whatever happened to the count.
-fn after_waiting<T: 'static>(
-    waiting: Option<tokio::sync::oneshot::Receiver<()>>,
-    then: impl FnOnce(&mut Registry, &mut Context<Registry>) -> T + 'static,
-) -> ResponseActFuture<Registry, T> {
+/// Before a request that may start a name key asks for its reference ([`Acquire`],
+/// [`Hold`]): its namespace group decided from the requests in flight (`coalesce`). The
+/// answer: nothing to wait for, or a receiver to await — at most [`COUNT_WAIT`], away
+/// from the request's seat — before asking. Apart from the reference on purpose: a
+/// request whose client leaves while it waits has taken nothing.
+#[derive(Message)]
+#[rtype(result = "Option<tokio::sync::oneshot::Receiver<()>>")]
+pub struct Gather {
+    pub key: Key,
+}
+
+pub use coalesce::COUNT_WAIT;
+
+impl Handler<Gather> for Registry {
+    type Result = MessageResult<Gather>;
+
+    fn handle(&mut self, msg: Gather, ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.before_start(&msg.key, ctx))
+    }
+}
+
+/// Waits as [`Gather`] answered: at once, or until the group is decided, at most
+/// [`COUNT_WAIT`]; counts a wait that timed out.
+pub async fn gathered(waiting: Option<tokio::sync::oneshot::Receiver<()>>) {
     let Some(rx) = waiting else {
-        return Box::pin(actix::fut::ready(()).map(move |(), act, ctx| then(act, ctx)));
+        return;
     };
-    let waited = tokio::time::timeout(coalesce::COUNT_WAIT, rx);
-    Box::pin(
-        actix::fut::wrap_future::<_, Registry>(waited).map(move |res, act, ctx| {
-            if res.is_err() {
-                metrics::counter!(crate::metrics::COALESCE_REQUEST_WAITS, "result" => "timeout")
-                    .increment(1);
-            }
-            then(act, ctx)
-        }),
-    )
+    if tokio::time::timeout(COUNT_WAIT, rx).await.is_err() {
+        metrics::counter!(crate::metrics::COALESCE_REQUEST_WAITS, "result" => "timeout")
+            .increment(1);
+    }
 }
 
 impl Handler<Release> for Registry {
@@ -623,11 +632,10 @@ impl Handler<Release> for Registry {
 }
 
 impl Handler<Hold> for Registry {
-    type Result = ResponseActFuture<Self, Result<Held, Error>>;
+    type Result = MessageResult<Hold>;
 
     fn handle(&mut self, msg: Hold, ctx: &mut Self::Context) -> Self::Result {
-        let waiting = self.before_start(&msg.key, ctx);
-        after_waiting(waiting, move |act, ctx| act.hold(msg, ctx))
+        MessageResult(self.hold(msg, ctx))
     }
 }
 

@@ -20,7 +20,7 @@ use kcache_actors::core::object::{self, Object};
 use kcache_actors::core::page::{self, Token};
 use kcache_actors::core::proto;
 use kcache_actors::core::rv::At;
-use kcache_actors::registry::Hold;
+use kcache_actors::registry::{self, Hold};
 use serde_json::{json, Value};
 
 use crate::auth::UserInfo;
@@ -284,6 +284,24 @@ fn list(
     Ok(Served::Response(json_response(&body)))
 }
 
+/// Before a request of `key` takes its reference: waits, if the registry says so, while
+/// the key's namespace group is decided from the requests in flight (`registry::Gather`:
+/// coalescing from the first request). Away from its seat meanwhile — a waiting burst
+/// holding every seat would queue the rest of itself — and with no reference taken, so a
+/// client that leaves while it waits leaves nothing behind.
+async fn gather(state: &ApiState, seat: &mut SeatSlot<'_>, key: &Key) -> Result<(), ApiError> {
+    let waiting = state
+        .registry
+        .send(registry::Gather { key: key.clone() })
+        .await
+        .map_err(|_| ApiError::service_unavailable("kcache is shutting down"))?;
+    if waiting.is_some() {
+        seat.away(registry::gathered(waiting)).await;
+        seat.back().await?;
+    }
+    Ok(())
+}
+
 /// A snapshot of `key`, or of a running key covering it, `at` the state asked — at least
 /// as new as a resourceVersion, at least as new as the upstream was when the request
 /// arrived (consistent), or exactly at one — holding that key for the grace period; the
@@ -295,17 +313,16 @@ async fn read(
     key: Key,
     at: At,
 ) -> Result<Result<(Key, cached_object::Snapshot), Reason>, ApiError> {
-    // Away from its seat while the registry may hold it for its burst (as a watch).
-    let hold = state.registry.send(Hold {
-        key,
-        duration: state.cache.grace_period(),
-        user: Some(user.username.clone()),
-    });
-    let held = seat
-        .away(hold)
+    gather(state, seat, &key).await?;
+    let held = state
+        .registry
+        .send(Hold {
+            key,
+            duration: state.cache.grace_period(),
+            user: Some(user.username.clone()),
+        })
         .await
         .map_err(|_| ApiError::service_unavailable("kcache is shutting down"))?;
-    seat.back().await?;
     let held = match held {
         Ok(held) => held,
         // Past the key budget: the API server answers reads as well as the cache would.

@@ -84,16 +84,13 @@ pub async fn watch(
     let keepalive = Duration::from_secs(state.cache.watch_keepalive_secs);
     // Take the reference first: a key the user may not start is a 429 (the watch was not
     // accepted), as a watch past the watch caps. The watcher releases it when it stops.
-    // Away from its seat meanwhile: the registry may hold the request while its burst
-    // gathers (coalescing from the requests in flight), and a seat held through that would
-    // keep the rest of the burst queued behind it.
-    let acquire = registry.send(Acquire {
-        key: key.clone(),
-        from_rv: if plan.initial_events { 0 } else { plan.from_rv },
-        user: Some(user.username.clone()),
-    });
-    let held = seat
-        .away(acquire)
+    super::gather(state, seat, &key).await?;
+    let held = registry
+        .send(Acquire {
+            key: key.clone(),
+            from_rv: if plan.initial_events { 0 } else { plan.from_rv },
+            user: Some(user.username.clone()),
+        })
         .await
         .map_err(|_| ApiError::service_unavailable("kcache is shutting down"))?
         .map_err(|e| crate::limits::too_many_requests(e.to_string()))?;
@@ -103,7 +100,6 @@ pub async fn watch(
         registry: registry.clone(),
         key: Some((held.key.clone(), key.clone())),
     };
-    seat.back().await?;
     // A watch that starts with the key's state (from "0") must not hand out an object a
     // parked key has not yet heard was deleted: proven like a consistent read.
     let may_park = !start.consistent
