@@ -143,6 +143,20 @@ async fn namespace_through_kcache(config: &str) -> (TestCluster, Kcache, kube::A
     (cluster, k, api)
 }
 
+/// Creates the namespace's ConfigMaps `cm0`..`cm9`; their RVs by index.
+async fn create_objects(api: &kube::Api<ConfigMap>) -> BTreeMap<usize, String> {
+    let mut rvs = BTreeMap::new();
+    for i in 0..OBJECTS {
+        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("cm{i}")},
+        }))
+        .expect("cm");
+        let made = api.create(&Default::default(), &cm).await.expect("create");
+        rvs.insert(i, made.metadata.resource_version.unwrap_or_default());
+    }
+    rvs
+}
+
 /// Six single-object watches through `k`, of the names `{prefix}0`..`{prefix}5`, each with
 /// `query` added.
 async fn name_watches(k: &Kcache, prefix: &str, query: &str) -> Vec<support::http::Events> {
@@ -615,13 +629,7 @@ async fn name_keys_handed_over_to_their_coalesced_namespace_stop_at_once() {
         "[cache]\ncoalesce_min_names = 4\ncoalesce_fraction = 0.3\ngrace_period_secs = 600\n",
     )
     .await;
-    for i in 0..OBJECTS {
-        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": format!("cm{i}")},
-        }))
-        .expect("cm");
-        api.create(&Default::default(), &cm).await.expect("create");
-    }
+    create_objects(&api).await;
     let mut watches = name_watches(&k, "cm", "").await;
     coalesced_into_one_watch(
         &k,
@@ -663,13 +671,7 @@ async fn a_replica_joining_a_fleet_that_coalesced_a_namespace_starts_no_name_key
     let admin = cluster.kube_client().await;
     support::create_namespace(&admin, NS).await;
     let api: kube::Api<ConfigMap> = kube::Api::namespaced(admin, NS);
-    for i in 0..OBJECTS {
-        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": format!("cm{i}")},
-        }))
-        .expect("cm");
-        api.create(&Default::default(), &cm).await.expect("create");
-    }
+    create_objects(&api).await;
     let _on_a = name_watches(&a, "cm", "").await;
     coalesced_into_one_watch(&a, Duration::from_secs(30), "replica a coalesced").await;
 
@@ -707,15 +709,7 @@ async fn a_burst_of_name_watches_is_coalesced_before_any_name_key_starts() {
     let (_cluster, k, api) =
         namespace_through_kcache("[cache]\ncoalesce_min_names = 4\ncoalesce_fraction = 0.3\n")
             .await;
-    let mut rvs = BTreeMap::new();
-    for i in 0..OBJECTS {
-        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": format!("cm{i}")},
-        }))
-        .expect("cm");
-        let made = api.create(&Default::default(), &cm).await.expect("create");
-        rvs.insert(i, made.metadata.resource_version.unwrap_or_default());
-    }
+    let rvs = create_objects(&api).await;
     // Every name twice (two kubelets), all asked at once; lists first, as reflectors do
     // without streaming lists, then watches.
     let http = support::http::Http::new(&k.url);
@@ -820,13 +814,7 @@ async fn read_holds_on_name_keys_move_to_their_coalesced_namespace_key() {
         "[cache]\ncoalesce_min_names = 4\ncoalesce_fraction = 0.3\ngrace_period_secs = 600\n",
     )
     .await;
-    for i in 0..OBJECTS {
-        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": format!("cm{i}")},
-        }))
-        .expect("cm");
-        api.create(&Default::default(), &cm).await.expect("create");
-    }
+    create_objects(&api).await;
     let http = support::http::Http::new(&k.url);
     let list = |i: usize| {
         format!("/api/v1/namespaces/{NS}/configmaps?fieldSelector=metadata.name%3Dcm{i}")
@@ -868,13 +856,7 @@ async fn a_watch_abandoned_while_its_group_is_decided_leaves_no_reference() {
     let (_cluster, k, api) =
         namespace_through_kcache("[cache]\ncoalesce_min_names = 4\ncoalesce_fraction = 0.3\n")
             .await;
-    for i in 0..OBJECTS {
-        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": format!("cm{i}")},
-        }))
-        .expect("cm");
-        api.create(&Default::default(), &cm).await.expect("create");
-    }
+    create_objects(&api).await;
     // HTTP/1.1, whose server drops a request's handler when its connection closes (an
     // HTTP/2 stream reset leaves actix-http's handler running to its end), on a connection
     // already open and authenticated, so the watch reaches the registry at once.
