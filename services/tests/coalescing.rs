@@ -143,6 +143,21 @@ async fn namespace_through_kcache(config: &str) -> (TestCluster, Kcache, kube::A
     (cluster, k, api)
 }
 
+/// Writes `data.after = value` to ConfigMap `name` (replacing it); its new RV.
+async fn write_after(api: &kube::Api<ConfigMap>, name: &str, value: &str) -> String {
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "data": {"after": value},
+    }))
+    .expect("cm");
+    api.replace(name, &Default::default(), &cm)
+        .await
+        .expect("replace")
+        .metadata
+        .resource_version
+        .unwrap_or_default()
+}
+
 /// Creates the namespace's ConfigMaps `cm0`..`cm9`; their RVs by index.
 async fn create_objects(api: &kube::Api<ConfigMap>) -> BTreeMap<usize, String> {
     let mut rvs = BTreeMap::new();
@@ -638,18 +653,7 @@ async fn name_keys_handed_over_to_their_coalesced_namespace_stop_at_once() {
     )
     .await;
     // The watches went on from the namespace key: a write reaches the name's watch.
-    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "cm0"},
-        "data": {"after": "coalescing"},
-    }))
-    .expect("cm");
-    let rv = api
-        .replace("cm0", &Default::default(), &cm)
-        .await
-        .expect("replace")
-        .metadata
-        .resource_version
-        .unwrap_or_default();
+    let rv = write_after(&api, "cm0", "coalescing").await;
     let want = format!("MODIFIED {NS}/cm0@{rv}");
     let seen = events_until_quiet(&mut watches[0], Duration::from_secs(5)).await;
     assert!(
@@ -778,18 +782,7 @@ async fn a_burst_of_name_watches_is_coalesced_before_any_name_key_starts() {
         "no request waited for the count: {text}"
     );
     // The namespace key goes on serving them: a write reaches both watches of its name.
-    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "cm3"},
-        "data": {"after": "the burst"},
-    }))
-    .expect("cm");
-    let rv = api
-        .replace("cm3", &Default::default(), &cm)
-        .await
-        .expect("replace")
-        .metadata
-        .resource_version
-        .unwrap_or_default();
+    let rv = write_after(&api, "cm3", "the burst").await;
     for i in [3, 3 + OBJECTS] {
         let seen = events_until_quiet(&mut watches[i], Duration::from_secs(3)).await;
         assert_eq!(seen, [format!("MODIFIED {NS}/cm3@{rv}")], "watch {i}");

@@ -28,8 +28,8 @@ use crate::metrics as m;
 pub(super) const CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// The longest a request waits for its namespace's object count before it starts its
-/// name key anyway (an upstream that does not answer a `limit=1` list in this time will
-/// not serve the namespace key's list any sooner).
+/// name key anyway, and the longest the count may take (an upstream that does not answer
+/// a small metadata list in this time will not serve the namespace key's list any sooner).
 pub const COUNT_WAIT: Duration = Duration::from_secs(2);
 
 /// A namespace's names are read with its count when it has at most this many objects:
@@ -124,7 +124,7 @@ impl Coalescing {
     /// was not running when asked, so it is not in the last check's figures, and a name
     /// key holds its object or none (counted as one, as `held` counts a name it cannot
     /// see).
-    fn in_flight(&self) -> (usize, Group) {
+    fn in_flight(&self) -> Group {
         let names = self.last.0 + self.asked.len();
         // A name asked weighs its object when the count says it exists; unknown, nothing
         // (names that do not exist must not pull the namespace in).
@@ -133,15 +133,14 @@ impl Coalescing {
             _ => false,
         });
         let held = self.last.1.unwrap_or(0) + existing.count() as u64;
-        let g = Group {
+        Group {
             names,
             held: Some(held),
             objects: self.objects,
             counting: self.counting,
             coalesced: !matches!(self.state, State::Apart),
             below_since_ms: self.below_since_ms,
-        };
-        (names, g)
+        }
     }
 
     fn wait(&mut self) -> oneshot::Receiver<()> {
@@ -385,21 +384,21 @@ impl Registry {
         if !elsewhere {
             c.asked.insert(asked.clone());
         }
-        let (names, g) = c.in_flight();
+        let g = c.in_flight();
         let gathering = now < c.gather_until_ms;
         let storm = self.asks.note(now) >= coalesce::STORM_ASKS;
-        let c = self.coalescing.entry(group.clone()).or_default();
         match coalesce::on_request(&g, &t, now, gathering) {
             OnRequest::Start => None,
             OnRequest::Coalesce => {
-                tracing::info!(key = %group, names, "coalescing from the requests in flight");
-                self.coalesce(&group, names);
+                tracing::info!(key = %group, names = g.names, "coalescing from the requests in flight");
+                self.coalesce(&group, g.names);
                 // Those gathered with it are served by the namespace key too.
                 self.decide_waiting(&group, ctx);
                 self.hurry_handover(group, 0, ctx);
                 None
             }
             OnRequest::Wait => {
+                let c = self.coalescing.entry(group).or_default();
                 if gathering {
                     // The burst goes on: the window stays open while requests keep coming
                     // (in a storm, to its longest).
@@ -414,6 +413,7 @@ impl Registry {
                 Some(c.wait())
             }
             OnRequest::Count => {
+                let c = self.coalescing.entry(group.clone()).or_default();
                 c.counting = true;
                 c.gather_from_ms = now;
                 let window = if storm { GATHER_AT_MOST } else { GATHER };
@@ -505,10 +505,10 @@ impl Registry {
             .into_iter()
             .filter(|w| !w.is_closed())
             .collect();
-        let (names, g) = c.in_flight();
+        let g = c.in_flight();
         if apart && coalesce::on_request(&g, &t, now, false) == OnRequest::Coalesce {
-            tracing::info!(key = %group, names, waited = waiting.len(), "coalescing from the requests in flight");
-            self.coalesce(group, names);
+            tracing::info!(key = %group, names = g.names, waited = waiting.len(), "coalescing from the requests in flight");
+            self.coalesce(group, g.names);
             self.hurry_handover(group.clone(), 0, ctx);
         }
         // Coalesced now or meanwhile (the fleet's figures at a check): routing serves them;
