@@ -243,11 +243,16 @@ async fn watched_names_coalesce_into_their_namespace_and_split_back_without_a_ga
     let admin = cluster.kube_client().await;
     support::create_namespace(&admin, NS).await;
     let api: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), NS);
-    writes(&api, 20).await;
+    // Every object exists when the names are asked: a name whose object does not exist
+    // weighs nothing at the request's decision (`Coalescing::in_flight`), so with random
+    // deletes first the fourth name could fall short of the fraction, start its own key
+    // and move later (a CI run saw 4 moves).
+    create_objects(&api).await;
 
     // Three names first, below coalesce_min_names: each its own name key. The fourth
-    // name coalesces the namespace (decided at its request, `core::coalesce::on_request`)
-    // and the first three names' watchers move onto the namespace key.
+    // name coalesces the namespace (decided at its request, `core::coalesce::on_request`:
+    // 4 names, 4 of 10 objects held) and the first three names' watchers move onto the
+    // namespace key.
     let mut pairs: Vec<Pair> = (0..3)
         .map(|i| Pair::start(&k, &admin, &format!("cm{i}")))
         .collect();
