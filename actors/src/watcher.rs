@@ -118,8 +118,9 @@ pub struct WatcherSpec {
     pub body: body::Sender,
     /// The key it is fed by (`key`).
     pub cached: KeyLink,
-    /// Holds the reference this watcher releases when it stops.
-    pub registry: Addr<Registry>,
+    /// Holds the reference this watcher releases when it stops; shared by all watchers
+    /// (an address clone is three allocations of its own).
+    pub registry: Arc<Addr<Registry>>,
     /// Mailbox capacity for events from the CachedObject.
     pub mailbox: usize,
     /// The resource's dispatch budget: how long a live event may wait for room in the
@@ -156,7 +157,8 @@ pub struct Watcher {
     waiting_for_room: bool,
     /// A live event found the client's buffer full: when the wait for room began and how
     /// much of the dispatch budget it took.
-    stalled: Option<(Instant, Duration)>,
+    /// Boxed, as `moving`: rare, and an idle watch's size counts (issue 31.1).
+    stalled: Option<Box<(Instant, Duration)>>,
     /// The key sends this watcher its events and bookmarks.
     live: bool,
     /// The never-go-back rules: the RV floor, the last sequence handled (replay and live
@@ -167,23 +169,49 @@ pub struct Watcher {
     /// When the watch ends (its timeout), for the key it subscribes to.
     deadline: Instant,
     /// A move to another key, waiting for the backlog to be written.
-    moving: Option<Move>,
+    moving: Option<Box<Move>>,
     last_write: Instant,
-    /// Metric handles, resolved once: a delivery must not build and look up labels.
+    /// Metric handles, resolved once per resource and shared.
+    metrics: Arc<Handles>,
+}
+
+/// A resource's watcher metric handles: a delivery must not build and look up labels, and
+/// a watcher should not carry three handles of its own.
+struct Handles {
     dispatched: metrics::Counter,
     registered: metrics::Gauge,
     delivery: metrics::Histogram,
 }
 
+impl Handles {
+    /// The handles of `resource`'s watchers, made by its first watcher.
+    fn of(resource: &ResourceType) -> Arc<Handles> {
+        type ByResource = std::collections::HashMap<(String, String), Arc<Handles>>;
+        static HANDLES: std::sync::OnceLock<std::sync::Mutex<ByResource>> =
+            std::sync::OnceLock::new();
+        let mut map = HANDLES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        map.entry((resource.group.clone(), resource.resource.clone()))
+            .or_insert_with(|| {
+                let labels = [
+                    ("group", resource.group.clone()),
+                    ("resource", resource.resource.clone()),
+                ];
+                Arc::new(Handles {
+                    dispatched: metrics::counter!(m::EVENTS_DISPATCHED, &labels),
+                    registered: metrics::gauge!(m::REGISTERED_WATCHERS, &labels),
+                    delivery: metrics::histogram!(m::EVENT_DELIVERY, &labels),
+                })
+            })
+            .clone()
+    }
+}
+
 impl Watcher {
     pub fn new(spec: WatcherSpec) -> Self {
-        let labels = [
-            ("group", spec.key.resource.group.clone()),
-            ("resource", spec.key.resource.resource.clone()),
-        ];
-        let dispatched = metrics::counter!(m::EVENTS_DISPATCHED, &labels);
-        let registered = metrics::gauge!(m::REGISTERED_WATCHERS, &labels);
-        let delivery = metrics::histogram!(m::EVENT_DELIVERY, &labels);
+        let metrics = Handles::of(&spec.key.resource);
         Watcher {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             cursor: Cursor::new(spec.plan.from_rv),
@@ -198,9 +226,7 @@ impl Watcher {
             deadline: Instant::now(),
             moving: None,
             last_write: Instant::now(),
-            dispatched,
-            registered,
-            delivery,
+            metrics,
         }
     }
 
@@ -214,7 +240,7 @@ impl Watcher {
             Ok(()) => {
                 self.last_write = Instant::now();
                 if !keepalive {
-                    self.dispatched.increment(1);
+                    self.metrics.dispatched.increment(1);
                 }
                 true
             }
@@ -289,11 +315,11 @@ impl Watcher {
             return false;
         }
         let since = Instant::now();
-        self.stalled = Some((since, wait));
+        self.stalled = Some(Box::new((since, wait)));
         self.backlog.push_back(Item::Line(line, rv));
         ctx.run_later(wait, move |act, ctx| {
             // Still the same wait, and the backlog not written: the budget is spent.
-            if act.stalled.is_some_and(|(s, _)| s == since) {
+            if act.stalled.as_deref().is_some_and(|(s, _)| *s == since) {
                 act.stalled = None;
                 metrics::counter!(m::DISPATCH_WAITS, "outcome" => "closed").increment(1);
                 act.too_slow(ctx);
@@ -358,7 +384,7 @@ impl Watcher {
                 None => {}
             }
         }
-        if let Some((since, wait)) = self.stalled.take() {
+        if let Some((since, wait)) = self.stalled.take().map(|s| *s) {
             // Caught up within the wait: what it did not use goes back to the others.
             self.spec
                 .budget
@@ -369,7 +395,7 @@ impl Watcher {
         self.backlog = std::collections::VecDeque::new();
         self.cursor.covered(self.backlog_seq);
         if let Some(m) = self.moving.take() {
-            self.move_to(m, ctx);
+            self.move_to(*m, ctx);
             return;
         }
         if !self.live && !self.closing {
@@ -448,7 +474,7 @@ impl Actor for Watcher {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(self.spec.mailbox.max(1));
-        self.registered.increment(1.0);
+        self.metrics.registered.increment(1.0);
         let deadline = deadline_after(self.spec.timeout);
         // The timeout, the keepalives and noticing a client that went away (even on a
         // quiet key) share one stream: one allocation and one timer per watch instead of
@@ -463,7 +489,7 @@ impl Actor for Watcher {
     }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
-        self.registered.decrement(1.0);
+        self.metrics.registered.decrement(1.0);
         self.spec.cached.do_send(ToKey::Unsubscribe { id: self.id });
         self.spec.registry.do_send(Release {
             key: self.spec.key.clone(),
@@ -599,7 +625,7 @@ impl Handler<ToWatcher> for Watcher {
                 if self.backlog.is_empty() {
                     self.move_to(m, ctx);
                 } else {
-                    self.moving = Some(m);
+                    self.moving = Some(Box::new(m));
                 }
             }
             ToWatcher::Close(reason) => {
@@ -694,7 +720,9 @@ impl Watcher {
             // Only live deliveries are timed: a replayed event's age is the client's
             // resourceVersion, not kcache's latency.
             if self.deliver(&ev, ctx) && ev.seq.is_multiple_of(m::EVENT_DELIVERY_SAMPLE) {
-                self.delivery.record(ev.made.elapsed().as_secs_f64());
+                self.metrics
+                    .delivery
+                    .record(ev.made.elapsed().as_secs_f64());
             }
         } else if self.backlog.len() < self.spec.mailbox {
             // Live, and the replay that made it live is still being written: in order.
@@ -816,8 +844,8 @@ mod tests {
                 timeout: Duration::from_secs(60),
                 encoder: Encoder::Json,
                 body: tx,
-                cached: EmptyKey::default().start().recipient(),
-                registry,
+                cached: Arc::new(EmptyKey::default().start().recipient()),
+                registry: Arc::new(registry),
                 mailbox: 100,
                 budget: Arc::new(DispatchBudget::with_available(budget)),
                 keepalive: Duration::from_secs(3600),

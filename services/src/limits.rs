@@ -27,7 +27,8 @@ pub fn describe() {
 #[derive(Default)]
 struct Counts {
     total: usize,
-    per_user: HashMap<String, usize>,
+    /// By user; each permit shares its user's name with this map (no copy per watch).
+    per_user: HashMap<Arc<str>, usize>,
 }
 
 pub struct WatchLimits {
@@ -39,7 +40,7 @@ pub struct WatchLimits {
 
 /// One admitted watch.
 pub struct WatchPermit {
-    user: String,
+    user: Arc<str>,
     counts: Arc<Mutex<Counts>>,
 }
 
@@ -47,10 +48,10 @@ impl Drop for WatchPermit {
     fn drop(&mut self) {
         if let Ok(mut c) = self.counts.lock() {
             c.total = c.total.saturating_sub(1);
-            if let Some(n) = c.per_user.get_mut(&self.user) {
+            if let Some(n) = c.per_user.get_mut(&*self.user) {
                 *n = n.saturating_sub(1);
                 if *n == 0 {
-                    c.per_user.remove(&self.user);
+                    c.per_user.remove(&*self.user);
                 }
             }
         }
@@ -98,9 +99,13 @@ impl WatchLimits {
             )));
         }
         c.total += 1;
-        *c.per_user.entry(user.to_string()).or_default() += 1;
+        let user = match c.per_user.get_key_value(user) {
+            Some((name, _)) => name.clone(),
+            None => Arc::from(user),
+        };
+        *c.per_user.entry(user.clone()).or_default() += 1;
         Ok(WatchPermit {
-            user: user.to_string(),
+            user,
             counts: self.counts.clone(),
         })
     }

@@ -173,7 +173,7 @@ pub async fn run(
         Duration::from_secs(cfg.auth.authz_deny_ttl_secs),
     );
     let state = web::Data::new(ApiState {
-        registry: registry.clone(),
+        registry: std::sync::Arc::new(registry.clone()),
         resources: std::sync::OnceLock::new(),
         read_warnings: std::sync::OnceLock::new(),
         table_columns: std::sync::OnceLock::new(),

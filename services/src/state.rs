@@ -16,7 +16,9 @@ use crate::proxy::Proxy;
 
 /// Shared by every HTTP worker.
 pub struct ApiState {
-    pub registry: Addr<Registry>,
+    /// Shared: each watcher holds it, and each clone of an actix address is three heap
+    /// allocations of its own.
+    pub registry: std::sync::Arc<Addr<Registry>>,
     /// The cached resources as discovery describes them; empty (everything proxied)
     /// until the upstream answered discovery.
     pub resources: std::sync::OnceLock<crate::discovery::Resources>,

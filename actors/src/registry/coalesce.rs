@@ -576,7 +576,11 @@ impl Registry {
         let Some(ns) = self.keys.get(ns_key) else {
             return;
         };
-        let (ns_addr, ns_status) = (ns.value.addr.clone(), ns.value.status.clone());
+        let (ns_addr, ns_link, ns_status) = (
+            ns.value.addr.clone(),
+            ns.value.link.clone(),
+            ns.value.status.clone(),
+        );
         let Some(c) = self.coalescing.get(ns_key) else {
             return;
         };
@@ -597,7 +601,7 @@ impl Registry {
                     }
                     e.value.addr.do_send(HandOver {
                         to: ns_key.clone(),
-                        link: ns_addr.clone().recipient(),
+                        link: ns_link.clone(),
                         to_status: ns_status.clone(),
                         only_asked: None,
                     });
@@ -625,7 +629,7 @@ impl Registry {
                     };
                     let hand = ns_addr.send(HandOver {
                         to: name.clone(),
-                        link: e.value.addr.clone().recipient(),
+                        link: e.value.link.clone(),
                         to_status: e.value.status.clone(),
                         only_asked: Some(name.clone()),
                     });

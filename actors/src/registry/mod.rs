@@ -29,6 +29,7 @@ use crate::core::refs::{Grace, Limits, Refs, Released};
 use crate::core::subject::key_token;
 use crate::feed::{KeyStatus, RoleKind, SourceFactory};
 use crate::fleet::interest::{Gossip, RemoteInterest};
+use crate::watch_feed::KeyLink;
 
 pub use crate::core::refs::Error;
 pub use crate::core::wants::{Error as WantError, Limits as WantLimits};
@@ -37,6 +38,8 @@ use crate::core::wants::{Wanted, Wants};
 /// A running key as the registry holds it, beside its references (`core::refs`).
 struct Slot {
     addr: Addr<CachedObject>,
+    /// The key's address as its watchers hold it, shared.
+    link: KeyLink,
     /// The key's NATS token (fleet interest and ownership).
     token: String,
     /// Reads' holds on this key, by the key asked: one reference each, renewed by every
@@ -256,10 +259,10 @@ impl Registry {
             (self.state(k), reach)
         });
         if key == asked {
-            let addr = self.acquire_for(key.clone(), user)?;
-            return Ok(Held { key, addr });
+            let (addr, link) = self.acquire_for(key.clone(), user)?;
+            return Ok(Held { key, addr, link });
         }
-        let addr = self.acquire(&key, &asked);
+        let (addr, link) = self.acquire(&key, &asked);
         let by = match key.scope {
             crate::core::key::Scope::Namespace(_) => "namespace",
             _ => "cluster",
@@ -267,17 +270,21 @@ impl Registry {
         let r = &key.resource;
         metrics::counter!(crate::metrics::COVERED_REQUESTS, "group" => r.group.clone(), "resource" => r.resource.clone(), "by" => by)
             .increment(1);
-        Ok(Held { key, addr })
+        Ok(Held { key, addr, link })
     }
 
     /// A reference on `key`, starting it for `user` if needed and their budget allows.
-    fn acquire_for(&mut self, key: Key, user: Option<&str>) -> Result<Addr<CachedObject>, Error> {
+    fn acquire_for(
+        &mut self,
+        key: Key,
+        user: Option<&str>,
+    ) -> Result<(Addr<CachedObject>, KeyLink), Error> {
         let (cfg, arbiters, sources) = (&self.cfg, &self.arbiters, &self.sources);
         match self
             .keys
             .acquire_for(&key, user, || start(cfg, arbiters, sources, &key))
         {
-            Ok(e) => Ok(e.value.addr.clone()),
+            Ok(e) => Ok((e.value.addr.clone(), e.value.link.clone())),
             Err(e) => {
                 self.refused(&key);
                 Err(e)
@@ -287,12 +294,12 @@ impl Registry {
 
     /// A reference on `key` for a request of `asked` (itself or a key it serves),
     /// starting it if needed with no budget asked: the caller decided.
-    fn acquire(&mut self, key: &Key, asked: &Key) -> Addr<CachedObject> {
+    fn acquire(&mut self, key: &Key, asked: &Key) -> (Addr<CachedObject>, KeyLink) {
         let (cfg, arbiters, sources) = (&self.cfg, &self.arbiters, &self.sources);
         let e = self
             .keys
             .acquire(key, asked, || start(cfg, arbiters, sources, key));
-        e.value.addr.clone()
+        (e.value.addr.clone(), e.value.link.clone())
     }
 
     /// Drops a reference on `held`, taken for a request of `asked`; the last one starts
@@ -330,6 +337,7 @@ fn start(
         .increment(1);
     Slot {
         token: key_token(key),
+        link: Arc::new(addr.clone().recipient()),
         addr,
         holds: Holds::default(),
         status,
@@ -413,6 +421,8 @@ pub struct Acquire {
 pub struct Held {
     pub key: Key,
     pub addr: Addr<CachedObject>,
+    /// The key's link for its watchers (`watch_feed::KeyLink`).
+    pub link: KeyLink,
 }
 
 /// Drop a reference taken with [`Acquire`].

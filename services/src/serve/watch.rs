@@ -139,7 +139,7 @@ pub async fn watch(
         timeout,
         encoder,
         body: tx,
-        cached: held.addr.recipient(),
+        cached: held.link,
         registry,
         mailbox,
         keepalive,
@@ -183,7 +183,7 @@ fn compact_headers(headers: &mut HeaderMap) {
 /// A watch's reference on its key, until its watcher takes it over: given back to the
 /// registry when dropped while still held.
 struct Reference {
-    registry: actix::Addr<kcache_actors::registry::Registry>,
+    registry: Arc<actix::Addr<kcache_actors::registry::Registry>>,
     /// The key held and the key asked for; `None` once handed to the watcher.
     key: Option<(kcache_actors::core::key::Key, kcache_actors::core::key::Key)>,
 }
