@@ -93,6 +93,60 @@ pub fn cpu_seconds(pid: u32) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// CPU seconds used so far by each class of a kcache process's threads
+/// ([`thread_class`]); empty if its threads cannot be read.
+pub fn thread_cpu(pid: u32) -> BTreeMap<&'static str, f64> {
+    const USER_HZ: f64 = 100.0;
+    let mut by_class = BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return by_class;
+    };
+    for task in tasks.flatten() {
+        let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        // `tid (comm) state ...`: the name may hold spaces and parentheses.
+        let Some((head, after)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let comm = head.split_once(" (").map_or("", |(_, c)| c);
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let (Some(user), Some(system)) = (
+            f.get(11).and_then(|v| v.parse::<f64>().ok()),
+            f.get(12).and_then(|v| v.parse::<f64>().ok()),
+        ) else {
+            continue;
+        };
+        *by_class.entry(thread_class(tid == pid, comm)).or_default() += (user + system) / USER_HZ;
+    }
+    by_class
+}
+
+/// What a kcache thread does, from its name (`comm`, cut to 15 bytes by the kernel). The
+/// main thread runs the actix system the registry is started on: the registry, its
+/// coalescing checks and (in a fleet) fleet interest, and the upstream HTTP/2 connections
+/// first opened from there (a profile of it during a scale run's opening showed their
+/// TLS and h2 work beside the registry's) — and the keys too, unless they have arbiters
+/// of their own (`cache.arbiters` > 1; its default gives none on a process pinned to one
+/// core). Every other arbiter (the HTTP workers with their watchers, and the keys') is
+/// named `actix-rt|system:0|arbiter:N`, which the cut makes one name.
+pub fn thread_class(main: bool, comm: &str) -> &'static str {
+    if main {
+        "main (registry, upstream I/O)"
+    } else if comm.starts_with("actix-rt|") {
+        "arbiters (HTTP workers, keys)"
+    } else {
+        "other"
+    }
+}
+
 /// CPU seconds used so far by the target, the API server and the generator (this process).
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct Cpu {
@@ -233,6 +287,29 @@ pub async fn metric(http: &reqwest::Client, base: &str, token: &str, name: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn classes_kcache_threads_by_name() {
+        let cases = [
+            (true, "kcache", "main (registry, upstream I/O)"),
+            (false, "actix-rt|system", "arbiters (HTTP workers, keys)"),
+            (false, "actix-server ac", "other"),
+            (false, "tokio-runtime-w", "other"),
+            (false, "kcache", "other"),
+        ];
+        for (main, comm, want) in cases {
+            assert_eq!(thread_class(main, comm), want, "{comm}");
+        }
+    }
+
+    #[test]
+    fn reads_this_process_threads() {
+        let by_class = thread_cpu(std::process::id());
+        assert!(
+            by_class.contains_key("main (registry, upstream I/O)"),
+            "{by_class:?}"
+        );
+    }
 
     #[test]
     fn counts_the_api_servers_watches_by_resource() {

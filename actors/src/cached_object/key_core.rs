@@ -815,7 +815,7 @@ impl<L, R> KeyCore<L, R> {
         );
         let start = match (decision, window) {
             (WatchStart::Initial, _) => watch_feed::Start {
-                initial: self.store.snapshot(),
+                initial: self.store.snapshot_for(watch.asked.as_deref()),
                 initial_rv: self.machine.progress(),
                 end_bookmark: watch.plan.initial_events_end_bookmark,
                 replay: Vec::new(),

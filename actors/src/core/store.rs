@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
 
+use crate::core::key::{Key, Scope};
 use crate::core::object::Object;
 
 #[derive(Debug, Default)]
@@ -45,6 +46,47 @@ impl Store {
     /// Every object, ordered by `namespace/name` (the order the API server lists in).
     pub fn snapshot(&self) -> Vec<Arc<Object>> {
         self.objects.values().cloned().collect()
+    }
+
+    /// What a watch of `asked` starts from when this store's key covers it: its one object
+    /// for a name, its namespace's objects for a namespace, in key order; every object
+    /// otherwise (and for `None`: the watch is the key's own). The watcher's filter still
+    /// decides; this only leaves out what it would drop. A namespace key serving 100,000
+    /// name watches over 20,000 Secrets copied all 20,000 into every watch's start, and
+    /// each watcher filtered them: 170 CPU-s to open the watches instead of 66.
+    pub fn snapshot_for(&self, asked: Option<&Key>) -> Vec<Arc<Object>> {
+        let Some(asked) = asked else {
+            return self.snapshot();
+        };
+        match (&asked.scope, asked.resource.namespaced) {
+            (
+                Scope::Name {
+                    namespace: Some(ns),
+                    name,
+                },
+                true,
+            ) => self
+                .get(&format!("{ns}/{name}"))
+                .cloned()
+                .into_iter()
+                .collect(),
+            (
+                Scope::Name {
+                    namespace: None,
+                    name,
+                },
+                false,
+            ) => self.get(name).cloned().into_iter().collect(),
+            (Scope::Namespace(ns), true) => {
+                // Keys are `namespace/name`; '0' is the byte after '/'.
+                let (from, to) = (format!("{ns}/"), format!("{ns}0"));
+                self.range((Bound::Included(&from), Bound::Excluded(&to)))
+                    .map(|(_, o)| o.clone())
+                    .collect()
+            }
+            // A name across namespaces, a node's pods, the whole resource.
+            _ => self.snapshot(),
+        }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&String, &Arc<Object>)> {
@@ -111,5 +153,75 @@ mod tests {
         assert!(s.remove(&named("a", "")).is_none());
         assert_eq!(s.len(), 1);
         assert!(s.get("n/b").is_some());
+    }
+
+    #[test]
+    fn a_covered_watch_starts_from_only_what_it_asked_for() {
+        use crate::core::key::ResourceType;
+        let at = |ns: &str, name: &str| {
+            Arc::new(o(json!({"metadata": {"name": name, "namespace": ns}})))
+        };
+        let mut s = Store::new();
+        // Namespaces whose names sort right around "n/": "n-a" and "n0" before and after.
+        for (ns, name) in [
+            ("n", "a"),
+            ("n", "b"),
+            ("n-a", "a"),
+            ("n0", "a"),
+            ("n2", "a"),
+        ] {
+            s.upsert(at(ns, name));
+        }
+        let secrets = Arc::new(ResourceType::new("", "v1", "secrets", "Secret", true));
+        let key = |scope| Key::new(secrets.clone(), scope);
+        let name = |ns: Option<&str>, name: &str| {
+            key(Scope::Name {
+                namespace: ns.map(str::to_string),
+                name: name.into(),
+            })
+        };
+        let cases: [(Option<Key>, &[&str]); 8] = [
+            (None, &["n-a/a", "n/a", "n/b", "n0/a", "n2/a"]),
+            (Some(name(Some("n"), "b")), &["n/b"]),
+            (Some(name(Some("n"), "x")), &[]),
+            (Some(name(Some("n-a"), "a")), &["n-a/a"]),
+            (Some(key(Scope::Namespace("n".into()))), &["n/a", "n/b"]),
+            (Some(key(Scope::Namespace("n0".into()))), &["n0/a"]),
+            // A name in every namespace, or a node's pods: everything, the filter decides.
+            (
+                Some(name(None, "a")),
+                &["n-a/a", "n/a", "n/b", "n0/a", "n2/a"],
+            ),
+            (
+                Some(key(Scope::Node("node-1".into()))),
+                &["n-a/a", "n/a", "n/b", "n0/a", "n2/a"],
+            ),
+        ];
+        for (asked, want) in cases {
+            let got: Vec<String> = s
+                .snapshot_for(asked.as_ref())
+                .iter()
+                .map(|o| o.key())
+                .collect();
+            assert_eq!(got, want, "{asked:?}");
+        }
+        // A cluster-scoped resource's name is its whole key.
+        let mut nodes = Store::new();
+        nodes.upsert(Arc::new(o(json!({"metadata": {"name": "node-1"}}))));
+        nodes.upsert(Arc::new(o(json!({"metadata": {"name": "node-2"}}))));
+        let kind = Arc::new(ResourceType::new("", "v1", "nodes", "Node", false));
+        let one = Key::new(
+            kind,
+            Scope::Name {
+                namespace: None,
+                name: "node-2".into(),
+            },
+        );
+        let got: Vec<String> = nodes
+            .snapshot_for(Some(&one))
+            .iter()
+            .map(|o| o.key())
+            .collect();
+        assert_eq!(got, ["node-2"]);
     }
 }

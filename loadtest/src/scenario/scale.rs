@@ -8,10 +8,14 @@
 //! Connections: `--per-connection` watches per HTTP/2 connection (500 connections for
 //! 50,000 watches at the default 100), optionally spread over `--source-addrs` loopback source addresses.
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
 use serde_json::json;
 
 use super::{annotate_round_robin, between_targets, fanout, Ctx, ScenarioRun, Series, Session};
 use crate::client::ConnPool;
+use crate::probe;
 use crate::watch::Ready;
 
 const NS: &str = "bench-scale";
@@ -36,6 +40,20 @@ impl Params {
             apiserver_max: a.apiserver_max_watches,
         }
     }
+}
+
+/// How long the watches sit idle before the writes, for the idle CPU figures.
+const IDLE: Duration = Duration::from_secs(10);
+
+/// CPU seconds by thread class from `from` to `to` (`probe::thread_cpu`; a class gone by
+/// `to`, such as a finished thread, counts nothing).
+fn between<'a>(
+    from: &BTreeMap<&'a str, f64>,
+    to: &BTreeMap<&'a str, f64>,
+) -> BTreeMap<&'a str, f64> {
+    to.iter()
+        .map(|(k, v)| (*k, (v - from.get(k).copied().unwrap_or(0.0)).max(0.0)))
+        .collect()
 }
 
 fn object_path(i: usize) -> String {
@@ -96,8 +114,22 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         let watchers = fanout(receives.iter().map(String::as_str));
         let mut s = Session::start(ctx, "scale", t, 1, w).await;
         let pool = ConnPool::new(&ctx.model, w);
+        // kcache's CPU by thread (issue 31.5: the registry's share at this size), while
+        // the watches open, while they sit idle, and during the writes. The main thread is
+        // the registry's alone only when the keys have arbiters of their own
+        // (`KCACHE_BENCH_CACHE_TOML="arbiters = 2"`; `probe::thread_class`).
+        let threads = (!t.is_apiserver()).then_some(t.pid);
+        let cpu_before_open = threads.map(probe::thread_cpu);
         s.open(&pool, watches).await;
         s.opened().await;
+        let cpu_opened = threads.map(probe::thread_cpu);
+        if threads.is_some() {
+            ctx.progress
+                .stage(&format!("idle for {} s", IDLE.as_secs()));
+            tokio::time::sleep(IDLE).await;
+        }
+        let idle_for = IDLE.as_secs_f64();
+        let cpu_idle = threads.map(probe::thread_cpu);
         let written = s
             .write(
                 annotate_round_robin(&objects, &watchers, total_writes),
@@ -106,7 +138,29 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
             )
             .await;
         s.drain(0, written.expected).await;
+        let cpu_written = threads.map(probe::thread_cpu);
         let (mut report, sorted) = s.finish(0, &written).await;
+        if let (Some(a), Some(b), Some(c), Some(d)) =
+            (cpu_before_open, cpu_opened, cpu_idle, cpu_written)
+        {
+            let per_second = |m: BTreeMap<&str, f64>| -> BTreeMap<String, f64> {
+                m.into_iter()
+                    .map(|(k, v)| (k.to_string(), v / idle_for))
+                    .collect()
+            };
+            let threads = json!({
+                "cpu_seconds_by_thread_open": between(&a, &b),
+                "idle_seconds": idle_for,
+                "idle_cpu_per_second_by_thread": per_second(between(&b, &c)),
+                "cpu_seconds_by_thread_write": between(&c, &d),
+            });
+            ctx.progress
+                .log(&format!("{}: CPU by thread {threads}", t.name));
+            match report.extra.as_object_mut() {
+                Some(extra) => extra.extend(threads.as_object().cloned().unwrap_or_default()),
+                None => report.extra = threads,
+            }
+        }
         if w < p.watches {
             report
                 .notes
