@@ -79,24 +79,28 @@ pub fn open_files_limit() -> Option<u64> {
 
 /// utime + stime of a process (all its threads), in seconds (0 if it cannot be read).
 pub fn cpu_seconds(pid: u32) -> f64 {
-    const USER_HZ: f64 = 100.0;
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| {
-            // The command name may contain spaces and parentheses: fields start after ") ".
-            let after = s.rsplit_once(") ")?.1;
-            let f: Vec<&str> = after.split_whitespace().collect();
-            let user: f64 = f.get(11)?.parse().ok()?;
-            let system: f64 = f.get(12)?.parse().ok()?;
-            Some((user + system) / USER_HZ)
-        })
+        .and_then(|s| stat_cpu(&s).map(|(_, seconds)| seconds))
         .unwrap_or(0.0)
+}
+
+/// The command name and utime + stime in seconds of a `/proc/.../stat` line
+/// (`pid (comm) state ...`).
+fn stat_cpu(stat: &str) -> Option<(&str, f64)> {
+    const USER_HZ: f64 = 100.0;
+    // The command name may contain spaces and parentheses: fields start after ") ".
+    let (head, after) = stat.rsplit_once(") ")?;
+    let comm = head.split_once(" (").map_or("", |(_, c)| c);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let user: f64 = f.get(11)?.parse().ok()?;
+    let system: f64 = f.get(12)?.parse().ok()?;
+    Some((comm, (user + system) / USER_HZ))
 }
 
 /// CPU seconds used so far by each class of a kcache process's threads
 /// ([`thread_class`]); empty if its threads cannot be read.
 pub fn thread_cpu(pid: u32) -> BTreeMap<&'static str, f64> {
-    const USER_HZ: f64 = 100.0;
     let mut by_class = BTreeMap::new();
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return by_class;
@@ -112,19 +116,10 @@ pub fn thread_cpu(pid: u32) -> BTreeMap<&'static str, f64> {
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
             continue;
         };
-        // `tid (comm) state ...`: the name may hold spaces and parentheses.
-        let Some((head, after)) = stat.rsplit_once(") ") else {
+        let Some((comm, seconds)) = stat_cpu(&stat) else {
             continue;
         };
-        let comm = head.split_once(" (").map_or("", |(_, c)| c);
-        let f: Vec<&str> = after.split_whitespace().collect();
-        let (Some(user), Some(system)) = (
-            f.get(11).and_then(|v| v.parse::<f64>().ok()),
-            f.get(12).and_then(|v| v.parse::<f64>().ok()),
-        ) else {
-            continue;
-        };
-        *by_class.entry(thread_class(tid == pid, comm)).or_default() += (user + system) / USER_HZ;
+        *by_class.entry(thread_class(tid == pid, comm)).or_default() += seconds;
     }
     by_class
 }
@@ -300,6 +295,13 @@ mod tests {
         for (main, comm, want) in cases {
             assert_eq!(thread_class(main, comm), want, "{comm}");
         }
+    }
+
+    #[test]
+    fn reads_a_stat_line_whose_name_holds_parentheses() {
+        let stat = "42 (x) y) S 1 2 3 4 5 6 7 8 9 10 250 150 0";
+        assert_eq!(stat_cpu(stat), Some(("x) y", 4.0)));
+        assert_eq!(stat_cpu("42 (x) S 1"), None);
     }
 
     #[test]

@@ -143,10 +143,8 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         if let (Some(a), Some(b), Some(c), Some(d)) =
             (cpu_before_open, cpu_opened, cpu_idle, cpu_written)
         {
-            let per_second = |m: BTreeMap<&str, f64>| -> BTreeMap<String, f64> {
-                m.into_iter()
-                    .map(|(k, v)| (k.to_string(), v / idle_for))
-                    .collect()
+            let per_second = |m: BTreeMap<&'static str, f64>| -> BTreeMap<&'static str, f64> {
+                m.into_iter().map(|(k, v)| (k, v / idle_for)).collect()
             };
             let threads = json!({
                 "cpu_seconds_by_thread_open": between(&a, &b),
