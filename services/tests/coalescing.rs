@@ -858,11 +858,7 @@ async fn a_watch_abandoned_while_its_group_is_decided_leaves_no_reference() {
     // HTTP/1.1, whose server drops a request's handler when its connection closes (an
     // HTTP/2 stream reset leaves actix-http's handler running to its end), on a connection
     // already open and authenticated, so the watch reaches the registry at once.
-    let client = reqwest::Client::builder()
-        .danger_accept_invalid_certs(true)
-        .http1_only()
-        .build()
-        .expect("client");
+    let client = support::insecure_http1();
     let warm = client
         .get(format!("{}/version", k.url))
         .bearer_auth(ADMIN_TOKEN)

@@ -17,16 +17,6 @@ use support::kcache::Kcache;
 use support::{TestCluster, ADMIN_TOKEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// An HTTP/1.1-only client (a WebSocket handshake is an HTTP/1.1 upgrade) that trusts the
-/// test servers' self-signed certificates.
-fn http1() -> reqwest::Client {
-    reqwest::Client::builder()
-        .danger_accept_invalid_certs(true)
-        .http1_only()
-        .build()
-        .expect("HTTP/1.1 client")
-}
-
 /// RFC 6455's `Sec-WebSocket-Accept` for `key`.
 fn accept_of(key: &str) -> String {
     let digest = ring::digest::digest(
@@ -120,7 +110,7 @@ async fn handshake(
     key: &str,
     payload: &[u8],
 ) -> (u16, Vec<(String, String)>, Option<Vec<u8>>, Value) {
-    let resp = http1()
+    let resp = support::insecure_http1()
         .get(format!("{base}{path}"))
         .bearer_auth(ADMIN_TOKEN)
         .header("Connection", "Upgrade")
@@ -245,7 +235,7 @@ async fn websocket_upgrades_are_relayed_as_the_api_server_relays_them() {
     assert_eq!(through, direct, "a refused upgrade through kcache");
 
     // Another protocol kcache cannot relay (SPDY/3.1, kubectl's fallback): a clear 400.
-    let resp = http1()
+    let resp = support::insecure_http1()
         .get(format!("{}{exec}", k.url))
         .bearer_auth(ADMIN_TOKEN)
         .header("Connection", "Upgrade")

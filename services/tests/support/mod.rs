@@ -680,6 +680,16 @@ pub fn insecure_http() -> reqwest::Client {
         .expect("build an HTTP client")
 }
 
+/// [`insecure_http`] speaking HTTP/1.1 only (a WebSocket handshake is an HTTP/1.1
+/// upgrade; an HTTP/1.1 server drops a request's handler when its connection closes).
+pub fn insecure_http1() -> reqwest::Client {
+    reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .http1_only()
+        .build()
+        .expect("build an HTTP/1.1 client")
+}
+
 /// [`insecure_http`] whose requests give up after `timeout`.
 pub fn insecure_http_within(timeout: Duration) -> reqwest::Client {
     reqwest::Client::builder()
