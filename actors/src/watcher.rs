@@ -102,6 +102,32 @@ impl Encoder {
     }
 }
 
+/// When an idle watch writes its keepalive newline: every `every` (never if zero), at the
+/// instants of one process-wide grid shifted by `phase` of a period.
+///
+/// Why a grid: the watches of one HTTP/2 connection (a kubelet's 33, a benchmark's 100)
+/// share its phase ([`KeepalivePhase`]), so their ticks fall in the same instant and
+/// their newlines leave as one batch of frames — one TLS record, one `writev` — instead
+/// of one each. Connections draw their phases at random, so the process as a whole still
+/// spreads its keepalives over the period rather than writing them all in one burst.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Keepalive {
+    pub every: Duration,
+    /// In [0, 1): the fraction of `every` this watch's ticks are shifted by.
+    pub phase: f64,
+}
+
+/// The keepalive phase of one client connection, drawn when it is accepted and kept in
+/// its connection data for every watch it carries (see [`Keepalive`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KeepalivePhase(pub f64);
+
+impl KeepalivePhase {
+    pub fn random() -> Self {
+        KeepalivePhase(rand::random::<f64>())
+    }
+}
+
 /// Everything a watcher needs; built by the HTTP layer after validation.
 pub struct WatcherSpec {
     /// The key the watcher is held on and fed by.
@@ -126,9 +152,9 @@ pub struct WatcherSpec {
     /// The resource's dispatch budget: how long a live event may wait for room in the
     /// client's buffer before the watch is closed as too slow.
     pub budget: Arc<DispatchBudget>,
-    /// Write a bare newline when nothing was written for this long (see
+    /// When to write a bare newline if nothing was written (see
     /// `CacheConfig::watch_keepalive_secs`).
-    pub keepalive: Duration,
+    pub keepalive: Keepalive,
     /// Held for the watch's lifetime (the HTTP layer's admission permit); dropped with it.
     pub permit: Option<Box<dyn Send>>,
 }
@@ -518,17 +544,21 @@ enum Tick {
     Gone,
 }
 
-/// The ticks of one watcher: keepalives every `every` (none if zero) from a random phase,
-/// then `Timeout` at `deadline`, or `Gone` as soon as `closed` resolves; nothing after
+/// The ticks of one watcher: keepalives at the instants of `keepalive`'s grid, then
+/// `Timeout` at `deadline`, or `Gone` as soon as `closed` resolves; nothing after
 /// `Timeout` or `Gone`.
 fn ticks(
     closed: body::Closed,
     deadline: Instant,
-    every: Duration,
+    keepalive: Keepalive,
 ) -> impl futures::Stream<Item = Tick> {
-    // Watches opened together (a node's, after a restart) would otherwise all write their
-    // keepalives in the same instant, every period: a burst that delays real events.
-    let first = (!every.is_zero()).then(|| Instant::now() + every.mul_f64(rand::random::<f64>()));
+    let Keepalive { every, phase } = keepalive;
+    // As long as a timeout may be (`Instant` arithmetic panics where it cannot represent).
+    let every = every.min(LONGEST_TIMEOUT);
+    // The runtime's clock, not the system's: the same in a running kcache, and it lets a
+    // test with paused time place watches on the grid.
+    let now = tokio::time::Instant::now().into_std();
+    let first = (!every.is_zero()).then(|| first_tick(grid_epoch(now), now, every, phase));
     futures::stream::unfold(Some((closed, first)), move |state| async move {
         let (mut closed, next) = state?;
         let at = next.map_or(deadline, |n| n.min(deadline));
@@ -543,6 +573,25 @@ fn ticks(
             }
         }
     })
+}
+
+/// The origin of every watch's keepalive grid: the first time a watch asked for it.
+fn grid_epoch(now: Instant) -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(|| now)
+}
+
+/// The first instant after `now` of the grid `epoch + (phase + k) × every`, k ≥ 0 (`phase`
+/// is clamped to [0, 1); `every` is not zero).
+fn first_tick(epoch: Instant, now: Instant, every: Duration, phase: f64) -> Instant {
+    let base = epoch + every.mul_f64(phase.clamp(0.0, 1.0) % 1.0);
+    if now < base {
+        return base;
+    }
+    let periods = (now - base).as_nanos() / every.as_nanos() + 1;
+    let ahead = u64::try_from(periods * every.as_nanos()).unwrap_or(u64::MAX);
+    base.checked_add(Duration::from_nanos(ahead))
+        .unwrap_or(now + every)
 }
 
 /// Whether a keepalive tick writes its newline: the watch wrote nothing for half a
@@ -562,7 +611,7 @@ impl StreamHandler<Tick> for Watcher {
             Tick::Keepalive => {
                 // A full queue has bytes on their way already; a keepalive there would be
                 // taken for a client that stopped reading.
-                if keepalive_due(self.last_write.elapsed(), self.spec.keepalive)
+                if keepalive_due(self.last_write.elapsed(), self.spec.keepalive.every)
                     && self.spec.body.room() > 0
                     && self.spec.encoder.keepalives()
                 {
@@ -848,7 +897,10 @@ mod tests {
                 registry: Arc::new(registry),
                 mailbox: 100,
                 budget: Arc::new(DispatchBudget::with_available(budget)),
-                keepalive: Duration::from_secs(3600),
+                keepalive: Keepalive {
+                    every: Duration::from_secs(3600),
+                    phase: 0.0,
+                },
                 permit: None,
             })
             .start();
@@ -927,13 +979,15 @@ mod tests {
     async fn keepalives_every_period_then_the_timeout_then_nothing() {
         use futures::StreamExt;
         let (tx, _body) = body::channel(4);
-        let every = Duration::from_secs(10);
-        let ticks: Vec<Tick> = ticks(tx.closed(), deadline_after(Duration::from_secs(35)), every)
-            .collect()
-            .await;
+        let keepalive = Keepalive {
+            every: Duration::from_secs(10),
+            phase: rand::random(),
+        };
+        let deadline = deadline_after(Duration::from_secs(35));
+        let ticks: Vec<Tick> = ticks(tx.closed(), deadline, keepalive).collect().await;
         let (last, keepalives) = ticks.split_last().expect("ticks");
         assert_eq!(*last, Tick::Timeout, "{ticks:?}");
-        // The first keepalive comes at a random phase within the first period.
+        // The first keepalive comes somewhere within the first period.
         assert!((3..=4).contains(&keepalives.len()), "{ticks:?}");
         assert!(
             keepalives.iter().all(|t| *t == Tick::Keepalive),
@@ -961,12 +1015,87 @@ mod tests {
         let mut ticks = Box::pin(ticks(
             tx.closed(),
             deadline_after(Duration::from_secs(3600)),
-            Duration::ZERO,
+            Keepalive {
+                every: Duration::ZERO,
+                phase: 0.0,
+            },
         ));
         drop(body);
         let started = tokio::time::Instant::now();
         assert_eq!(ticks.next().await, Some(Tick::Gone));
         assert_eq!(ticks.next().await, None);
         assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn the_first_tick_is_the_next_instant_of_the_grid() {
+        let epoch = Instant::now();
+        let every = Duration::from_secs(15);
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        // (now after the epoch, phase) -> first tick after the epoch
+        let cases = [
+            (s(0), 0.0, s(15)),
+            (s(0), 0.5, ms(7_500)),
+            (ms(7_499), 0.5, ms(7_500)),
+            (ms(7_500), 0.5, ms(22_500)),
+            (ms(7_501), 0.5, ms(22_500)),
+            (s(100), 0.2, s(108)),
+            (s(108), 0.2, s(123)),
+            // Out of range phases are held to the period.
+            (s(1), -3.0, s(15)),
+            (s(1), 7.0, s(15)),
+        ];
+        for (now, phase, want) in cases {
+            assert_eq!(
+                first_tick(epoch, epoch + now, every, phase) - epoch,
+                want,
+                "now {now:?}, phase {phase}"
+            );
+        }
+    }
+
+    /// The instants of the keepalives a watch's ticks give until `deadline`.
+    async fn keepalive_instants(keepalive: Keepalive, deadline: Instant) -> Vec<Instant> {
+        use futures::StreamExt;
+        let (tx, _body) = body::channel(4);
+        ticks(tx.closed(), deadline, keepalive)
+            .filter(|t| std::future::ready(*t == Tick::Keepalive))
+            .map(|_| tokio::time::Instant::now().into_std())
+            .collect()
+            .await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn watches_of_one_connection_tick_in_the_same_instants() {
+        let every = Duration::from_secs(10);
+        let phase = rand::random::<f64>();
+        let deadline = deadline_after(Duration::from_secs(60));
+        let shared = Keepalive { every, phase };
+        let first = tokio::spawn(keepalive_instants(shared, deadline));
+        // Another watch of the same connection, opened 3.7 s later.
+        tokio::time::sleep(Duration::from_millis(3_700)).await;
+        let later = tokio::spawn(keepalive_instants(shared, deadline));
+        // A watch of another connection.
+        let other = Keepalive {
+            every,
+            phase: (phase + 0.5) % 1.0,
+        };
+        let elsewhere = tokio::spawn(keepalive_instants(other, deadline));
+        let (first, later, elsewhere) = (
+            first.await.expect("ticks"),
+            later.await.expect("ticks"),
+            elsewhere.await.expect("ticks"),
+        );
+        assert!(later.len() >= 5, "{later:?}");
+        assert!(
+            later.iter().all(|t| first.contains(t)),
+            "{first:?} {later:?}"
+        );
+        assert!(first.windows(2).all(|w| w[1] - w[0] == every), "{first:?}");
+        assert!(
+            elsewhere.iter().all(|t| !first.contains(t)),
+            "{elsewhere:?}"
+        );
     }
 }

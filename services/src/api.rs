@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use kcache_actors::core::key::ResourceType;
+use kcache_actors::watcher::KeepalivePhase;
 
 use crate::access::{self, CertAuth};
 use crate::plan::{self, Forward, Incoming, Op, Plan, Reason};
@@ -177,7 +178,10 @@ async fn serve_or_forward(
             let served = match (&decision, op) {
                 (Err(e), _) => Err(e.clone()),
                 (Ok(()), Err(e)) => Err(e),
-                (Ok(()), Ok(op)) => serve::serve(state, &user, &resource, op, format, seat).await,
+                (Ok(()), Ok(op)) => {
+                    let conn = req.conn_data::<KeepalivePhase>().copied();
+                    serve::serve(state, &user, (&resource, conn), op, format, seat).await
+                }
             };
             (Some(decision), served)
         }

@@ -385,10 +385,12 @@ fn digest(parts: &[&[u8]]) -> Vec<u8> {
 pub struct ClientCert(pub Result<crate::cert_identity::Identity, crate::cert_identity::Error>);
 
 /// actix-web `on_connect` hook: keeps the verified client certificate for the handlers,
-/// and a duplicate of the socket to notice a client that left (`hangup`).
+/// a duplicate of the socket to notice a client that left (`hangup`), and the phase its
+/// watches write their keepalives in (one per connection: `watcher::Keepalive`).
 pub fn connection_info(conn: &dyn std::any::Any, ext: &mut actix_web::dev::Extensions) {
     use actix_tls::accept::rustls_0_23::TlsStream;
     use actix_web::rt::net::TcpStream;
+    ext.insert(kcache_actors::watcher::KeepalivePhase::random());
     if let Some(tls) = conn.downcast_ref::<TlsStream<TcpStream>>() {
         let (tcp, session) = tls.get_ref();
         if let Some(leaf) = session.peer_certificates().and_then(|c| c.first()) {

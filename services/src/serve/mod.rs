@@ -21,6 +21,7 @@ use kcache_actors::core::page::{self, Token};
 use kcache_actors::core::proto;
 use kcache_actors::core::rv::At;
 use kcache_actors::registry::{self, Hold};
+use kcache_actors::watcher::KeepalivePhase;
 use serde_json::{json, Value};
 
 use crate::auth::UserInfo;
@@ -42,7 +43,7 @@ pub enum Served {
 pub async fn serve(
     state: &ApiState,
     user: &UserInfo,
-    resource: &Arc<ResourceType>,
+    (resource, conn): (&Arc<ResourceType>, Option<KeepalivePhase>),
     op: Op,
     format: Format,
     seat: Option<Seat>,
@@ -71,7 +72,7 @@ pub async fn serve(
     };
     match op {
         Op::Forward(reason) => Ok(Served::Forward(reason)),
-        Op::Watch(w) => watch::watch(state, (user, &mut seat), *w, (format, columns)).await,
+        Op::Watch(w) => watch::watch(state, (user, &mut seat), (*w, conn), (format, columns)).await,
         Op::Get {
             key,
             name,

@@ -13,7 +13,7 @@ use kcache_actors::core::filter::Filter;
 use kcache_actors::core::object::{EventType, Object};
 use kcache_actors::core::proto;
 use kcache_actors::registry::{Acquire, Release};
-use kcache_actors::watcher::{Encoder, Watcher, WatcherSpec};
+use kcache_actors::watcher::{Encoder, Keepalive, KeepalivePhase, Watcher, WatcherSpec};
 use serde_json::{json, Value};
 
 use super::{now_secs, parks, snapshot, Served};
@@ -28,7 +28,7 @@ use crate::table;
 pub async fn watch(
     state: &ApiState,
     (user, seat): (&UserInfo, &mut SeatSlot<'_>),
-    op: WatchOp,
+    (op, conn): (WatchOp, Option<KeepalivePhase>),
     (format, columns): (Format, Option<Value>),
 ) -> Result<Served, ApiError> {
     let WatchOp {
@@ -81,7 +81,12 @@ pub async fn watch(
     let (tx, rx) = kcache_actors::body::channel(state.cache.watcher_buffer);
     let registry = state.registry.clone();
     let mailbox = state.cache.watcher_buffer.max(16);
-    let keepalive = Duration::from_secs(state.cache.watch_keepalive_secs);
+    // The phase of the client's connection, shared by all its watches; a connection
+    // without one (none is made without) gets its own.
+    let keepalive = Keepalive {
+        every: Duration::from_secs(state.cache.watch_keepalive_secs),
+        phase: conn.unwrap_or_else(KeepalivePhase::random).0,
+    };
     // Take the reference first: a key the user may not start is a 429 (the watch was not
     // accepted), as a watch past the watch caps. The watcher releases it when it stops.
     super::gather(state, seat, &key).await?;
