@@ -158,6 +158,8 @@ impl Freshness {
             .send(Read {
                 min_rv: 0,
                 at: None,
+                // The proof compares the key's whole state with the upstream's.
+                asked: None,
             })
             .await
             .map_err(|e| behind(e.to_string()))?
@@ -181,6 +183,7 @@ impl Freshness {
                 .send(Read {
                     min_rv: rv,
                     at: None,
+                    asked: None,
                 })
                 .await
             {

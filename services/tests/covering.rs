@@ -157,6 +157,42 @@ async fn running_namespace_and_cluster_keys_serve_what_they_cover_as_the_api_ser
         ],
     )
     .await;
+    // Reads of the past and pages through the cover: only the asked namespace's or
+    // name's objects are taken from the cluster key's state (`Store::snapshot_for`), and a
+    // version changed or deleted since is still found.
+    put_secret(&admin, "other", "s3", "0").await;
+    let (_, then) = upstream.get_admin("/api/v1/namespaces/other/secrets").await;
+    let rv = then["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("list rv")
+        .to_string();
+    put_secret(&admin, "other", "s1", "9").await;
+    delete_secret(&admin, "other", "s3").await;
+    let exact = |q: &str| {
+        format!(
+            "/api/v1/namespaces/other/secrets{q}resourceVersion={rv}&resourceVersionMatch=Exact"
+        )
+    };
+    let bypassed = || async {
+        let text = k.metrics_text().await;
+        support::prom::sum_samples(&text, "kcache_cache_bypassed_total", None)
+    };
+    let bypassed_before = bypassed().await;
+    same_reads(
+        &upstream,
+        &kcache,
+        &[
+            &exact("?"),
+            &exact("?fieldSelector=metadata.name%3Ds3&"),
+            &exact("?fieldSelector=metadata.name%3Ds1&"),
+            &exact("?limit=1&"),
+            "/api/v1/namespaces/other/secrets?limit=1",
+            "/api/v1/namespaces/other/secrets?resourceVersion=0&fieldSelector=metadata.name%3Ds3",
+            "/api/v1/namespaces/other/secrets?fieldSelector=metadata.name%3Ds1",
+        ],
+    )
+    .await;
+    assert_eq!(bypassed().await, bypassed_before, "all served by the cache");
     let keys = key_names(&k).await;
     assert_eq!(
         keys,

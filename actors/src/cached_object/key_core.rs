@@ -35,7 +35,7 @@ use crate::core::key_machine::{self, Continue, Effect, Failure, KeyMachine, Watc
 use crate::core::object::{EventType, Object};
 use crate::core::relist;
 use crate::core::rv::WatchPlan;
-use crate::core::store::Store;
+use crate::core::store::{self, Store};
 use crate::core::watchers::{Entry, Watchers};
 use crate::core::window::{self, Window};
 use crate::feed::{OwnerSnapshot, ReplayCmd, SourceCmd};
@@ -152,6 +152,9 @@ pub enum Input<L, R> {
     Read {
         min_rv: u64,
         at: Option<u64>,
+        /// The key the request asked for when this key covers it: only what it can hold
+        /// is copied (`Store::snapshot_for`).
+        asked: Option<Key>,
         reply: R,
     },
     /// A watcher registers.
@@ -232,7 +235,7 @@ pub struct Status {
 
 /// A read or watch waiting for the key to be fresh enough (`KeyMachine` decides when).
 enum Waiter<L, R> {
-    Read(R, Option<u64>),
+    Read(R, Option<u64>, Option<Key>),
     Watch(Watch<L>),
 }
 
@@ -315,10 +318,15 @@ impl<L, R> KeyCore<L, R> {
     }
 
     /// What a read would answer if the key is synced and fresh enough now, else `None`.
-    pub fn try_read(&self, min_rv: u64, at: Option<u64>) -> Option<Result<Snapshot>> {
+    pub fn try_read(
+        &self,
+        min_rv: u64,
+        at: Option<u64>,
+        asked: Option<&Key>,
+    ) -> Option<Result<Snapshot>> {
         self.machine
             .fresh_enough(at.unwrap_or(min_rv))
-            .then(|| self.snapshot_at(at))
+            .then(|| self.snapshot_at(at, asked))
     }
 
     /// The progress RV and the number of objects, once synced.
@@ -368,12 +376,17 @@ impl<L, R> KeyCore<L, R> {
                 &mut out,
                 |_, _, _| {},
             ),
-            Input::Read { min_rv, at, reply } => {
+            Input::Read {
+                min_rv,
+                at,
+                asked,
+                reply,
+            } => {
                 let min_rv = at.unwrap_or(min_rv);
                 if self.machine.fresh_enough(min_rv) {
-                    out.push(Output::Reply(reply, self.snapshot_at(at)));
+                    out.push(Output::Reply(reply, self.snapshot_at(at, asked.as_ref())));
                 } else {
-                    self.wait(now, min_rv, Waiter::Read(reply, at), &mut out);
+                    self.wait(now, min_rv, Waiter::Read(reply, at, asked), &mut out);
                 }
             }
             Input::Subscribe(watch) => self.subscribe(now, watch, &mut out),
@@ -438,8 +451,8 @@ impl<L, R> KeyCore<L, R> {
                     metrics::histogram!(m::READ_WAIT, &self.labels)
                         .record(waited_ms as f64 / 1000.0);
                     match self.waiting.remove(&id) {
-                        Some(Waiter::Read(reply, at)) => {
-                            out.push(Output::Reply(reply, self.snapshot_at(at)))
+                        Some(Waiter::Read(reply, at, asked)) => {
+                            out.push(Output::Reply(reply, self.snapshot_at(at, asked.as_ref())))
                         }
                         Some(Waiter::Watch(watch)) => self.activate(now, watch, true, out),
                         None => {}
@@ -455,7 +468,7 @@ impl<L, R> KeyCore<L, R> {
                         }
                     };
                     match self.waiting.remove(&id) {
-                        Some(Waiter::Read(reply, _)) => out.push(Output::Reply(reply, Err(error))),
+                        Some(Waiter::Read(reply, ..)) => out.push(Output::Reply(reply, Err(error))),
                         Some(Waiter::Watch(watch)) => out.push(Output::Final {
                             link: watch.link,
                             msg: error.to_watcher(),
@@ -734,21 +747,21 @@ impl<L, R> KeyCore<L, R> {
         }
     }
 
-    fn snapshot(&self) -> Snapshot {
-        Snapshot {
-            objects: self.store.snapshot(),
-            rv: self.machine.progress(),
-        }
-    }
-
-    /// The current state, or the state at `at` (`core::history`), in key order.
-    fn snapshot_at(&self, at: Option<u64>) -> Result<Snapshot> {
+    /// The current state, or the state at `at` (`core::history`), in key order; of
+    /// `asked` alone when this key covers it (`Store::snapshot_for`).
+    fn snapshot_at(&self, at: Option<u64>, asked: Option<&Key>) -> Result<Snapshot> {
         let Some(rv) = at else {
-            return Ok(self.snapshot());
+            return Ok(Snapshot {
+                objects: self.store.snapshot_for(asked),
+                rv: self.machine.progress(),
+            });
         };
         match Past::at(&self.window, self.machine.progress(), rv) {
             Ok(past) => Ok(Snapshot {
-                objects: past.objects(&self.store, None).cloned().collect(),
+                objects: past
+                    .objects(&self.store, store::borrowed(&store::span(asked)))
+                    .cloned()
+                    .collect(),
                 rv,
             }),
             Err(history::Error::TooOld { requested, oldest }) => {
@@ -964,7 +977,7 @@ impl<L, R> KeyCore<L, R> {
         }
         for (_, waiter) in self.waiting.drain() {
             match waiter {
-                Waiter::Read(reply, _) => out.push(Output::Reply(reply, Err(stopping()))),
+                Waiter::Read(reply, ..) => out.push(Output::Reply(reply, Err(stopping()))),
                 Waiter::Watch(watch) => out.push(Output::Final {
                     link: watch.link,
                     msg: stopping().to_watcher(),
@@ -1059,7 +1072,29 @@ mod tests {
     }
 
     fn read(reply: u32, min_rv: u64, at: Option<u64>) -> In {
-        Input::Read { min_rv, at, reply }
+        Input::Read {
+            min_rv,
+            at,
+            asked: None,
+            reply,
+        }
+    }
+
+    /// A read of the name `name` in `n` at `at`, through this namespace key (its cover).
+    fn read_of(reply: u32, name: &str, at: Option<u64>) -> In {
+        let one = Key::new(
+            key().resource,
+            Scope::Name {
+                namespace: Some("n".into()),
+                name: name.into(),
+            },
+        );
+        Input::Read {
+            min_rv: 0,
+            at,
+            asked: Some(one),
+            reply,
+        }
     }
 
     fn names(objects: &[Arc<Object>]) -> String {
@@ -1226,6 +1261,18 @@ mod tests {
                     (4, read(8, 0, Some(12))),
                 ],
                 vec!["", "", "", "reply 7: [a,b]@11", "reply 8: [b]@12"],
+            ),
+            (
+                "a read of a name the key covers holds that name's object alone, now or then",
+                vec![
+                    (0, listed(&[("a", 5), ("b", 6), ("c", 7)], 10, false)),
+                    (1, event(EventType::Deleted, "b", 11)),
+                    (2, read_of(7, "b", None)),
+                    (3, read_of(8, "b", Some(10))),
+                    (4, read_of(9, "c", None)),
+                    (5, read_of(10, "x", Some(11))),
+                ],
+                vec!["", "", "reply 7: []@11", "reply 8: [b]@10", "reply 9: [c]@11", "reply 10: []@11"],
             ),
             (
                 "a probe's list that differs enters the window as events, offered to watchers and the follower",

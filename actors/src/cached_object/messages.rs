@@ -16,6 +16,9 @@ use crate::watch_feed::KeyLink;
 pub struct Read {
     pub min_rv: u64,
     pub at: Option<u64>,
+    /// The key the request asked for, when this key covers it: the snapshot holds only
+    /// what that key could (`Store::snapshot_for`), not a copy of the whole state.
+    pub asked: Option<Key>,
 }
 
 impl Message for Read {
@@ -27,6 +30,8 @@ impl Message for Read {
 pub struct TryRead {
     pub min_rv: u64,
     pub at: Option<u64>,
+    /// As [`Read::asked`].
+    pub asked: Option<Key>,
 }
 
 impl Message for TryRead {

@@ -304,6 +304,7 @@ impl Handler<Read> for CachedObject {
             Input::Read {
                 min_rv: msg.min_rv,
                 at: msg.at,
+                asked: msg.asked,
                 reply,
             },
             None,
@@ -317,7 +318,7 @@ impl Handler<TryRead> for CachedObject {
     type Result = Option<Result<Snapshot>>;
 
     fn handle(&mut self, msg: TryRead, _ctx: &mut Self::Context) -> Self::Result {
-        self.core.try_read(msg.min_rv, msg.at)
+        self.core.try_read(msg.min_rv, msg.at, msg.asked.as_ref())
     }
 }
 

@@ -80,20 +80,16 @@ impl Past {
         self.rv
     }
 
-    /// The objects at `rv` whose store keys are at or after `from` (all when `None`), in
-    /// key order (`namespace/name`, byte-wise: the API server's order).
+    /// The objects at `rv` whose store keys fall in `span` (`store::span`), in key order
+    /// (`namespace/name`, byte-wise: the API server's order).
     pub fn objects<'a>(
         &'a self,
         store: &'a Store,
-        from: Option<&'a str>,
+        span: (Bound<&'a str>, Bound<&'a str>),
     ) -> impl Iterator<Item = &'a Arc<Object>> + 'a {
-        let lower = from.map_or(Bound::Unbounded, Bound::Included);
         Merge {
-            current: store.range((lower, Bound::Unbounded)).peekable(),
-            undone: self
-                .undone
-                .range::<str, _>((lower, Bound::Unbounded))
-                .peekable(),
+            current: store.range(span).peekable(),
+            undone: self.undone.range::<str, _>(span).peekable(),
         }
     }
 }
@@ -172,7 +168,8 @@ mod tests {
     }
 
     fn names(past: &Past, store: &Store, from: Option<&str>) -> Vec<String> {
-        past.objects(store, from)
+        let lower = from.map_or(Bound::Unbounded, Bound::Included);
+        past.objects(store, (lower, Bound::Unbounded))
             .map(|o| format!("{}@{}", o.name(), o.rv()))
             .collect()
     }
@@ -238,6 +235,39 @@ mod tests {
         assert_eq!(names(&past, &store, Some("n/d")), Vec::<String>::new());
         let now = Past::at(&window, 14, 14).expect("current");
         assert_eq!(names(&now, &store, Some("n/a\0")), ["c@13"]);
+    }
+
+    #[test]
+    fn within_the_span_of_a_covered_key() {
+        use EventType::*;
+        let (store, window) = key(
+            10,
+            100,
+            &[
+                (Added, "a", "1", 11),
+                (Added, "b", "2", 12),
+                (Modified, "b", "2", 13),
+                (Deleted, "b", "2", 14),
+                (Added, "c", "3", 15),
+            ],
+        );
+        let names_in = |past: &Past, span: &crate::core::store::Span| -> Vec<String> {
+            past.objects(&store, crate::core::store::borrowed(span))
+                .map(|o| format!("{}@{}", o.name(), o.rv()))
+                .collect()
+        };
+        let b = (
+            Bound::Included("n/b".to_string()),
+            Bound::Included("n/b".to_string()),
+        );
+        // Deleted since, its version at the past resourceVersion is still found by name.
+        let at = |rv| Past::at(&window, 15, rv).expect("within the window");
+        assert_eq!(names_in(&at(12), &b), ["b@12"]);
+        assert_eq!(names_in(&at(13), &b), ["b@13"]);
+        assert_eq!(names_in(&at(14), &b), Vec::<String>::new());
+        assert_eq!(names_in(&at(15), &b), Vec::<String>::new());
+        let all = (Bound::Unbounded, Bound::Unbounded);
+        assert_eq!(names_in(&at(13), &all), ["a@11", "b@13"]);
     }
 
     #[test]

@@ -48,45 +48,18 @@ impl Store {
         self.objects.values().cloned().collect()
     }
 
-    /// What a watch of `asked` starts from when this store's key covers it: its one object
-    /// for a name, its namespace's objects for a namespace, in key order; every object
-    /// otherwise (and for `None`: the watch is the key's own). The watcher's filter still
-    /// decides; this only leaves out what it would drop. A namespace key serving 100,000
-    /// name watches over 20,000 Secrets copied all 20,000 into every watch's start, and
-    /// each watcher filtered them: 170 CPU-s to open the watches instead of 66.
+    /// What a watch or read of `asked` is given when this store's key covers it: its one
+    /// object for a name, its namespace's objects for a namespace, in key order; every
+    /// object otherwise (and for `None`: the request is the key's own). The request's
+    /// filter still decides; this only leaves out what it would drop. A namespace key
+    /// serving 100,000 name watches over 20,000 Secrets copied all 20,000 into every
+    /// watch's start, and each watcher filtered them: 170 CPU-s to open the watches
+    /// instead of 66.
     pub fn snapshot_for(&self, asked: Option<&Key>) -> Vec<Arc<Object>> {
-        let Some(asked) = asked else {
-            return self.snapshot();
-        };
-        match (&asked.scope, asked.resource.namespaced) {
-            (
-                Scope::Name {
-                    namespace: Some(ns),
-                    name,
-                },
-                true,
-            ) => self
-                .get(&format!("{ns}/{name}"))
-                .cloned()
-                .into_iter()
-                .collect(),
-            (
-                Scope::Name {
-                    namespace: None,
-                    name,
-                },
-                false,
-            ) => self.get(name).cloned().into_iter().collect(),
-            (Scope::Namespace(ns), true) => {
-                // Keys are `namespace/name`; '0' is the byte after '/'.
-                let (from, to) = (format!("{ns}/"), format!("{ns}0"));
-                self.range((Bound::Included(&from), Bound::Excluded(&to)))
-                    .map(|(_, o)| o.clone())
-                    .collect()
-            }
-            // A name across namespaces, a node's pods, the whole resource.
-            _ => self.snapshot(),
-        }
+        let span = span(asked);
+        self.range(borrowed(&span))
+            .map(|(_, o)| o.clone())
+            .collect()
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&String, &Arc<Object>)> {
@@ -100,6 +73,49 @@ impl Store {
     ) -> impl Iterator<Item = (&'a String, &'a Arc<Object>)> + 'a {
         self.objects.range::<str, _>(range)
     }
+}
+
+/// A range of store keys (`namespace/name`, or `name` for a cluster-scoped resource).
+pub type Span = (Bound<String>, Bound<String>);
+
+/// The store keys that can hold an object of `asked` (see [`Store::snapshot_for`]): one
+/// key for a name, a namespace's keys, or all of them.
+pub fn span(asked: Option<&Key>) -> Span {
+    let Some(asked) = asked else {
+        return (Bound::Unbounded, Bound::Unbounded);
+    };
+    let one = |key: String| (Bound::Included(key.clone()), Bound::Included(key));
+    match (&asked.scope, asked.resource.namespaced) {
+        (
+            Scope::Name {
+                namespace: Some(ns),
+                name,
+            },
+            true,
+        ) => one(format!("{ns}/{name}")),
+        (
+            Scope::Name {
+                namespace: None,
+                name,
+            },
+            false,
+        ) => one(name.clone()),
+        // Keys are `namespace/name`; '0' is the byte after '/'.
+        (Scope::Namespace(ns), true) => (
+            Bound::Included(format!("{ns}/")),
+            Bound::Excluded(format!("{ns}0")),
+        ),
+        // A name across namespaces, a node's pods, the whole resource.
+        _ => (Bound::Unbounded, Bound::Unbounded),
+    }
+}
+
+/// `span` as the bounds `BTreeMap::range` takes.
+pub fn borrowed(span: &Span) -> (Bound<&str>, Bound<&str>) {
+    (
+        span.0.as_ref().map(String::as_str),
+        span.1.as_ref().map(String::as_str),
+    )
 }
 
 /// Objects and stores for the core's table tests.

@@ -318,7 +318,7 @@ async fn read(
     let held = state
         .registry
         .send(Hold {
-            key,
+            key: key.clone(),
             duration: state.cache.grace_period(),
             user: Some(user.username.clone()),
         })
@@ -337,6 +337,11 @@ async fn read(
         At::Consistent => (0, None),
         At::Exact(rv) => (rv, Some(rv)),
     };
+    // Read through a covering key, the snapshot holds only what the key asked for could
+    // (a kubelet's list of one Secret through its namespace's key: one object, not the
+    // namespace's). Whether a key parks is unchanged by it: only a name key parks
+    // (`Key::parks`), and a name key is never another's cover.
+    let asked = (held.key != key).then_some(key);
     // A consistent read asks for the upstream's state when it arrived. And a deleted
     // credential must not stay readable: a parked key (its objects all immutable, no
     // upstream watch) hears of a deletion or re-creation only when next verified; a
@@ -352,7 +357,7 @@ async fn read(
         At::NotOlderThan(_) => holds_credentials(&held.key),
     };
     if !proven {
-        let snap = match snapshot(&held.addr, (min_rv, exact), seat).await? {
+        let snap = match snapshot(&held.addr, (min_rv, exact), asked.clone(), seat).await? {
             Ok(snap) => snap,
             Err(reason) => return Ok(Err(reason)),
         };
@@ -365,7 +370,7 @@ async fn read(
         tracing::info!(error = %e, "read not proven fresh; forwarding upstream");
         return Ok(Err(Reason::NotFresh));
     }
-    let snap = match snapshot(&held.addr, (min_rv, None), seat).await? {
+    let snap = match snapshot(&held.addr, (min_rv, None), asked, seat).await? {
         Ok(snap) => snap,
         Err(reason) => return Ok(Err(reason)),
     };
@@ -385,17 +390,24 @@ fn parks(state: &ApiState, key: &Key, snap: &cached_object::Snapshot) -> bool {
     state.cache.immutable_stop_watch && key.parks(snap.objects.iter().map(|o| &**o))
 }
 
-/// The key's snapshot at `min_rv` or later (its state at `at`, if given), or `Err` with
-/// the reason when the API server should answer instead. A key not ready yet (its first
-/// sync, or behind `min_rv`) is waited for without the seat.
+/// The key's snapshot at `min_rv` or later (its state at `at`, if given), of `asked`
+/// alone when the key covers it, or `Err` with the reason when the API server should
+/// answer instead. A key not ready yet (its first sync, or behind `min_rv`) is waited for
+/// without the seat.
 async fn snapshot(
     addr: &Addr<cached_object::CachedObject>,
     (min_rv, at): (u64, Option<u64>),
+    asked: Option<Key>,
     seat: &mut SeatSlot<'_>,
 ) -> Result<Result<cached_object::Snapshot, Reason>, ApiError> {
-    let read = match addr.send(TryRead { min_rv, at }).await {
+    let tried = addr.send(TryRead {
+        min_rv,
+        at,
+        asked: asked.clone(),
+    });
+    let read = match tried.await {
         Ok(Some(read)) => Ok(read),
-        _ => seat.away(addr.send(Read { min_rv, at })).await,
+        _ => seat.away(addr.send(Read { min_rv, at, asked })).await,
     };
     match read {
         Ok(Ok(snap)) => Ok(Ok(snap)),

@@ -112,7 +112,7 @@ pub async fn watch(
         && state.cache.immutable_stop_watch
         && held.key.may_hold_immutable();
     let parked = may_park
-        && match snapshot(&held.addr, (0, None), seat).await? {
+        && match snapshot(&held.addr, (0, None), None, seat).await? {
             Ok(snap) => parks(state, &held.key, &snap),
             Err(_) => false,
         };
