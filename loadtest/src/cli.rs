@@ -215,6 +215,12 @@ pub struct Args {
     /// relist: `limit` of each page of a relist and of the Table list.
     #[arg(long, default_value_t = 500)]
     pub page_limit: usize,
+    /// relist: seconds of reads of one name each (a get, then a list by
+    /// `metadata.name`, as kubectl and a reflector of one object read), by `--clients`
+    /// readers, after the relists: through kcache the namespace's key serves them
+    /// (covers them). 0: none.
+    #[arg(long, default_value_t = 10)]
+    pub name_reads_secs: u64,
     /// informer: namespaces the clients (round robin) and the churn are spread over;
     /// kubeproxy: namespaces the Services are spread over; coalesce: namespaces of
     /// Secrets and ConfigMaps. Default: informer 5, kubeproxy 10, coalesce 100.
@@ -263,6 +269,10 @@ pub struct Args {
     /// it measured fewer than kcache.
     #[arg(long, default_value_t = 10_000)]
     pub apiserver_max_watches: usize,
+    /// scale: how long kcache's watches sit idle after they open, for its idle CPU and
+    /// write calls per second.
+    #[arg(long, default_value_t = 10)]
+    pub idle_secs: u64,
 
     /// objects: creates in flight while the ConfigMaps are made; restart: writes in flight
     /// when every watched object is written once after the API server is ready again.

@@ -77,6 +77,24 @@ pub fn open_files_limit() -> Option<u64> {
         .ok()
 }
 
+/// How many write calls (`write`, `writev`, ...) a process made, all its threads
+/// (`syscw` of `/proc/<pid>/io`); `None` if it cannot be read.
+pub fn write_calls(pid: u32) -> Option<u64> {
+    io_field(
+        &std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?,
+        "syscw",
+    )
+}
+
+/// The value of `field` in a `/proc/<pid>/io` text (`name: value` lines).
+fn io_field(io: &str, field: &str) -> Option<u64> {
+    io.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// utime + stime of a process (all its threads), in seconds (0 if it cannot be read).
 pub fn cpu_seconds(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -282,6 +300,34 @@ pub async fn metric(http: &reqwest::Client, base: &str, token: &str, name: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_a_field_of_proc_io() {
+        let io = "rchar: 120\nwchar: 340\nsyscr: 7\nsyscw: 42\nread_bytes: 0\n";
+        assert_eq!(io_field(io, "syscw"), Some(42));
+        assert_eq!(io_field(io, "syscr"), Some(7));
+        assert_eq!(io_field(io, "cancelled_write_bytes"), None);
+        assert_eq!(io_field("syscw: many\n", "syscw"), None);
+    }
+
+    #[test]
+    fn this_process_write_calls_count_up() {
+        use std::io::Write;
+        let before = write_calls(std::process::id()).expect("readable");
+        let mut f = unlinked_temp_file();
+        for _ in 0..5 {
+            f.write_all(b"x").expect("write");
+        }
+        let after = write_calls(std::process::id()).expect("readable");
+        assert!(after >= before + 5, "{before} -> {after}");
+    }
+
+    fn unlinked_temp_file() -> std::fs::File {
+        let path = std::env::temp_dir().join(format!("kcache-probe-{}", std::process::id()));
+        let f = std::fs::File::create(&path).expect("create");
+        let _ = std::fs::remove_file(&path);
+        f
+    }
 
     #[test]
     fn classes_kcache_threads_by_name() {

@@ -66,6 +66,7 @@ pub struct Params {
     pub seconds: u64,
     pub period_secs: u64,
     pub limit: usize,
+    pub name_reads_secs: u64,
 }
 
 impl Params {
@@ -78,6 +79,7 @@ impl Params {
             seconds: a.seconds.unwrap_or(120).max(1),
             period_secs: a.relist_period_secs.max(1),
             limit: a.page_limit.max(1),
+            name_reads_secs: a.name_reads_secs,
         }
     }
 }
@@ -420,6 +422,112 @@ async fn relists(ctx: &Ctx, p: &Params, t: &Target, rec: &Arc<Recorder>) -> Vec<
     all
 }
 
+/// One reader of single names until `end`: a get of `o<i>`, then a list of it by
+/// `metadata.name`, both at `resourceVersion=0` (the cache's answer on both servers), `i`
+/// striding over the objects from the reader's own start. Each answer must hold that one
+/// object; the latencies of those that did.
+async fn name_reader(
+    (http, url, token): (reqwest::Client, String, String),
+    (first, stride, objects): (usize, usize, usize),
+    end: Instant,
+    rec: Arc<Recorder>,
+) -> Vec<Duration> {
+    let mut took = Vec::new();
+    let mut i = first;
+    while Instant::now() < end {
+        let name = format!("o{}", i % objects.max(1));
+        i += stride;
+        let get = format!("{url}/{name}?resourceVersion=0");
+        let list = format!("{url}?resourceVersion=0&fieldSelector=metadata.name%3D{name}");
+        for (path, is_list) in [(get, false), (list, true)] {
+            let start = Instant::now();
+            match read_one(&http, &path, &token, is_list).await {
+                Ok(names) if names == [name.as_str()] => took.push(start.elapsed()),
+                Ok(names) => rec.failure(format!("name read: {} objects", names.len())),
+                Err(why) => rec.failure(why),
+            }
+        }
+    }
+    took
+}
+
+/// The names a get (one object) or a list (its items) answered with.
+async fn read_one(
+    http: &reqwest::Client,
+    path: &str,
+    token: &str,
+    is_list: bool,
+) -> Result<Vec<String>, String> {
+    #[derive(Deserialize)]
+    struct Meta {
+        #[serde(default)]
+        name: String,
+    }
+    #[derive(Deserialize)]
+    struct Obj {
+        metadata: Meta,
+    }
+    #[derive(Deserialize)]
+    struct List {
+        items: Vec<Obj>,
+    }
+    let resp = http
+        .get(path)
+        .bearer_auth(token)
+        .timeout(REQUEST_TIMEOUT)
+        .send()
+        .await
+        .map_err(|e| format!("name read {}", error_kind(&e)))?;
+    if !resp.status().is_success() {
+        return Err(format!("name read HTTP {}", resp.status().as_u16()));
+    }
+    let body = resp
+        .bytes()
+        .await
+        .map_err(|e| format!("name read body {}", error_kind(&e)))?;
+    let unparsable = |_| "name read: unparsable".to_string();
+    Ok(if is_list {
+        let list: List = serde_json::from_slice(&body).map_err(unparsable)?;
+        list.items.into_iter().map(|o| o.metadata.name).collect()
+    } else {
+        let obj: Obj = serde_json::from_slice(&body).map_err(unparsable)?;
+        vec![obj.metadata.name]
+    })
+}
+
+/// `--clients` name readers against `t` for `--name-reads-secs`, each on a connection of
+/// its own; the sorted latencies of every read that answered right.
+async fn name_reads(
+    ctx: &Ctx,
+    p: &Params,
+    t: &Target,
+    objects: usize,
+    rec: &Arc<Recorder>,
+) -> Vec<Duration> {
+    let pool = ConnPool::per_node(&ctx.model, p.controllers, 1);
+    let end = Instant::now() + Duration::from_secs(p.name_reads_secs);
+    let url = format!("{}{}", t.url, collection());
+    let tasks: Vec<_> = (0..p.controllers)
+        .map(|i| {
+            tokio::spawn(name_reader(
+                (pool.get(i), url.clone(), ctx.args.token.clone()),
+                (i * objects / p.controllers, 7919, objects),
+                end,
+                rec.clone(),
+            ))
+        })
+        .collect();
+    let mut all = Vec::new();
+    for task in tasks {
+        match task.await {
+            Ok(took) => all.extend(took),
+            Err(e) => rec.failure(format!("name reader task: {e}")),
+        }
+    }
+    all.sort_unstable();
+    all
+}
+
 /// Sorted durations of the relists that finished.
 fn durations(lists: &[Paged]) -> Vec<Duration> {
     let mut v: Vec<Duration> = lists
@@ -474,6 +582,20 @@ async fn measure(ctx: &Ctx, p: &Params, t: &Target, objects: usize) -> TargetRep
     let (lists, cost) = costed(ctx, t, relists(ctx, p, t, &rec)).await;
     let api_peak = api_peak.stop(api_pid);
     let kcache_peak = kcache.zip(kcache_peak).map(|(pid, peak)| peak.stop(pid));
+
+    // Reads of single names while the namespace's key still runs (the relists held it).
+    let (reads, reads_cost) = if p.name_reads_secs > 0 {
+        ctx.progress.stage(&format!(
+            "{}: {} readers of single names for {} s",
+            t.name, p.controllers, p.name_reads_secs
+        ));
+        let before = rec.counters.errors.load(Ordering::Relaxed);
+        let (reads, cost) = costed(ctx, t, name_reads(ctx, p, t, objects, &rec)).await;
+        let errors = rec.counters.errors.load(Ordering::Relaxed) - before;
+        (Some((reads, errors)), Some(cost))
+    } else {
+        (None, None)
+    };
 
     tokio::time::sleep(SETTLE).await;
     ctx.progress
@@ -553,6 +675,27 @@ async fn measure(ctx: &Ctx, p: &Params, t: &Target, objects: usize) -> TargetRep
         ("table_kcache_cpu_seconds", kcache_cpu(&table_cost)),
         ("warmup_list_seconds", Some(warmup.seconds)),
     ];
+    let mut figures = figures;
+    if let (Some((reads, errors)), Some(c)) = (&reads, &reads_cost) {
+        let n = reads.len();
+        let per_read = |cpu: f64| (n > 0).then(|| cpu * 1e6 / n as f64);
+        let l = Latency::of(reads);
+        figures.extend([
+            ("name_reads", f(n)),
+            ("name_read_errors", f(*errors)),
+            (
+                "name_reads_per_second",
+                Some(n as f64 / c.seconds.max(1e-9)),
+            ),
+            ("name_read_p50_ms", l.p50_ms),
+            ("name_read_p99_ms", l.p99_ms),
+            ("name_read_apiserver_cpu_us", per_read(c.cpu.apiserver)),
+            (
+                "name_read_kcache_cpu_us",
+                kcache.and_then(|_| per_read(c.cpu.target)),
+            ),
+        ]);
+    }
     let mut notes = Vec::new();
     if !t.replicas.is_empty() {
         notes.push(format!(
@@ -601,6 +744,11 @@ async fn measure(ctx: &Ctx, p: &Params, t: &Target, objects: usize) -> TargetRep
             "counters": table_cost.counters,
         },
         "warmup_list": warmup,
+        "name_reads": reads_cost.as_ref().map(|c| json!({
+            "cpu": c.cpu,
+            "seconds": c.seconds,
+            "counters": c.counters,
+        })),
     });
     TargetReport {
         target: t.name.into(),
@@ -656,6 +804,7 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
             "page_limit": p.limit,
             "relist": format!("GET {}?limit={} (no resourceVersion), then &continue=<metadata.continue> until it is empty; 410 on a continue: start again from the first page (counted); 429/5xx with Retry-After retried", collection(), p.limit),
             "table_list": format!("GET {}?limit={} with Accept: {TABLE_ACCEPT}, following continue", collection(), p.limit),
+            "name_reads": format!("for {} s after the relists, {} readers (a connection each): GET {}/o<i>?resourceVersion=0, then GET {}?resourceVersion=0&fieldSelector=metadata.name%3Do<i>; each must answer with o<i> alone", p.name_reads_secs, p.controllers, collection(), collection()),
             "warmup": "one paged list through the target before the idle figures (kcache: the key's first sync)",
             "targets_in_order": ctx.targets.iter().map(|t| t.name).collect::<Vec<_>>(),
         }),

@@ -27,6 +27,8 @@ pub struct Params {
     pub rate: u64,
     pub seconds: u64,
     pub apiserver_max: usize,
+    /// How long the watches sit idle before the writes, for the idle figures.
+    pub idle: Duration,
 }
 
 impl Params {
@@ -38,12 +40,10 @@ impl Params {
             rate: a.rate.unwrap_or(100).max(1),
             seconds: a.seconds.unwrap_or(20),
             apiserver_max: a.apiserver_max_watches,
+            idle: Duration::from_secs(a.idle_secs),
         }
     }
 }
-
-/// How long the watches sit idle before the writes, for the idle CPU figures.
-const IDLE: Duration = Duration::from_secs(10);
 
 /// CPU seconds by thread class from `from` to `to` (`probe::thread_cpu`; a class gone by
 /// `to`, such as a finished thread, counts nothing).
@@ -123,13 +123,19 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         s.open(&pool, watches).await;
         s.opened().await;
         let cpu_opened = threads.map(probe::thread_cpu);
+        // Write calls too: what an idle watch costs is mostly its keepalive's write.
+        let writes_opened = threads.and_then(probe::write_calls);
         if threads.is_some() {
             ctx.progress
-                .stage(&format!("idle for {} s", IDLE.as_secs()));
-            tokio::time::sleep(IDLE).await;
+                .stage(&format!("idle for {} s", p.idle.as_secs()));
+            tokio::time::sleep(p.idle).await;
         }
-        let idle_for = IDLE.as_secs_f64();
+        let idle_for = p.idle.as_secs_f64().max(f64::MIN_POSITIVE);
         let cpu_idle = threads.map(probe::thread_cpu);
+        let idle_writes = threads
+            .and_then(probe::write_calls)
+            .zip(writes_opened)
+            .map(|(to, from)| to.saturating_sub(from) as f64 / idle_for);
         let written = s
             .write(
                 annotate_round_robin(&objects, &watchers, total_writes),
@@ -150,6 +156,7 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
                 "cpu_seconds_by_thread_open": between(&a, &b),
                 "idle_seconds": idle_for,
                 "idle_cpu_per_second_by_thread": per_second(between(&b, &c)),
+                "idle_write_calls_per_second": idle_writes,
                 "cpu_seconds_by_thread_write": between(&c, &d),
             });
             ctx.progress
