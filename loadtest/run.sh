@@ -25,8 +25,9 @@
 # KCACHE_BENCH_CACHE_TOML (an experiment's extra [server] and [cache] lines of kcache's
 # configuration, recorded with the rest). CARGO_TARGET_DIR, if set, is where cargo
 # builds and where the binaries are taken from (default: target). KCACHE_BENCH_FLEET=N
-# (relist only): kcache is a fleet of N replicas over a nats-server of its own, all on
-# kcache's core; each page goes to the next replica in turn, as behind a Service.
+# (relist and coalesce): kcache is a fleet of N replicas over a nats-server of its own,
+# all on kcache's core; relist sends each page to the next replica in turn, coalesce each
+# node's connection to replica node % N, as behind a Service.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -131,7 +132,8 @@ kcache_args=(--config "$KUBE_DIR/kcache-bench.toml")
 fleet=${KCACHE_BENCH_FLEET:-1}
 free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 if ((fleet > 1)); then
-  [[ $scenario == relist ]] || { echo "run.sh: KCACHE_BENCH_FLEET is for --scenario relist" >&2; exit 2; }
+  [[ $scenario == relist || $scenario == coalesce ]] ||
+    { echo "run.sh: KCACHE_BENCH_FLEET is for --scenario relist or coalesce" >&2; exit 2; }
   # As loadtest/fleet.sh: one nats-server, messages signed and sealed.
   nport=$(free_port)
   nats-server -a 127.0.0.1 -p "$nport" -js -sd "$KUBE_DIR/nats" --auth fleetbench >"$KUBE_DIR/nats.log" 2>&1 &

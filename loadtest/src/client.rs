@@ -69,6 +69,9 @@ pub fn insecure_client(connect: Duration, timeout: Option<Duration>) -> reqwest:
 pub struct ConnPool {
     clients: Vec<reqwest::Client>,
     per_connection: usize,
+    /// Base URLs the connections are spread over (a fleet's replicas, as nodes behind a
+    /// Service), connection `c` on `bases[c % len]`; empty: the target's URL.
+    bases: Vec<String>,
 }
 
 impl ConnPool {
@@ -96,6 +99,7 @@ impl ConnPool {
         ConnPool {
             clients,
             per_connection,
+            bases: Vec::new(),
         }
     }
 
@@ -112,17 +116,36 @@ impl ConnPool {
         ConnPool {
             clients,
             per_connection: per_node.max(1),
+            bases: Vec::new(),
         }
+    }
+
+    /// Spreads the connections over `bases` round robin (none: the target's own URL).
+    pub fn route(mut self, bases: Vec<String>) -> ConnPool {
+        self.bases = bases;
+        self
+    }
+
+    /// The base URL of watch number `i`'s connection, if the pool is routed.
+    pub fn base(&self, i: usize) -> Option<&str> {
+        if self.bases.is_empty() {
+            return None;
+        }
+        Some(&self.bases[self.connection(i) % self.bases.len()])
     }
 
     /// The client for watch number `i`.
     pub fn get(&self, i: usize) -> reqwest::Client {
-        let idx = if self.per_connection == usize::MAX {
+        self.clients[self.connection(i)].clone()
+    }
+
+    /// The connection (client) number of watch number `i`.
+    fn connection(&self, i: usize) -> usize {
+        if self.per_connection == usize::MAX {
             i % self.clients.len()
         } else {
             (i / self.per_connection).min(self.clients.len() - 1)
-        };
-        self.clients[idx].clone()
+        }
     }
 
     pub fn connections(&self) -> usize {
@@ -284,5 +307,46 @@ impl Api {
             &serde_json::json!({"metadata": {"name": "default"}, "automountServiceAccountToken": false}),
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_routed_pool_sends_each_nodes_connection_to_one_replica_in_turn() {
+        let model = ConnModel {
+            http1: false,
+            per_connection: 100,
+            source_addrs: 1,
+        };
+        let bases = vec![
+            "https://r0".to_string(),
+            "https://r1".to_string(),
+            "https://r2".to_string(),
+        ];
+        let pool = ConnPool::per_node(&model, 4, 3).route(bases);
+        // Node n's watches are numbers 3n..3n+2, all on replica n % 3.
+        let got: Vec<&str> = (0..12).filter_map(|i| pool.base(i)).collect();
+        assert_eq!(
+            got,
+            [
+                "https://r0",
+                "https://r0",
+                "https://r0",
+                "https://r1",
+                "https://r1",
+                "https://r1",
+                "https://r2",
+                "https://r2",
+                "https://r2",
+                "https://r0",
+                "https://r0",
+                "https://r0",
+            ]
+        );
+        let unrouted = ConnPool::per_node(&model, 4, 3);
+        assert_eq!(unrouted.base(5), None);
     }
 }

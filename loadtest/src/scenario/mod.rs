@@ -69,6 +69,41 @@ impl Target {
             .chain(self.replicas.iter().map(|r| r.url.clone()))
             .collect()
     }
+
+    /// The target's process, then its replicas'.
+    pub fn pids(&self) -> Vec<u32> {
+        std::iter::once(self.pid)
+            .chain(self.replicas.iter().map(|r| r.pid))
+            .collect()
+    }
+
+    /// The RSS of the target, a fleet's replicas summed.
+    pub fn rss_kib(&self) -> u64 {
+        self.pids().into_iter().map(probe::rss_kib).sum()
+    }
+
+    /// CPU seconds so far of the target (a fleet's replicas summed), the API server and
+    /// this generator.
+    pub fn cpu(&self, apiserver_pid: u32) -> Cpu {
+        let mut cpu = Cpu::now(self.pid, apiserver_pid);
+        cpu.target += self
+            .replicas
+            .iter()
+            .map(|r| probe::cpu_seconds(r.pid))
+            .sum::<f64>();
+        cpu
+    }
+
+    /// A metric's value summed over the target's replicas (`None` if none answered).
+    pub async fn metric(&self, http: &reqwest::Client, token: &str, name: &str) -> Option<f64> {
+        let mut sum = None;
+        for url in self.urls() {
+            if let Some(v) = probe::metric(http, &url, token, name).await {
+                *sum.get_or_insert(0.0) += v;
+            }
+        }
+        sum
+    }
 }
 
 /// One latency series for the CDF plot.
@@ -205,18 +240,14 @@ impl<'a> Session<'a> {
                 .track(format!("{scenario}/{}", target.name), rec.clone(), watches);
         let http = &ctx.api.http;
         let before = Before {
-            rss: probe::rss_kib(target.pid),
+            rss: target.rss_kib(),
             apiserver_rss: probe::rss_kib(ctx.args.apiserver_pid),
-            cpu: Cpu::now(target.pid, ctx.args.apiserver_pid),
+            cpu: target.cpu(ctx.args.apiserver_pid),
             registered: probe::apiserver_watches_at(http, &ctx.args.apiserver, &ctx.args.token)
                 .await,
-            terminated: probe::metric(
-                http,
-                &target.url,
-                &ctx.args.token,
-                terminated_metric(target),
-            )
-            .await,
+            terminated: target
+                .metric(http, &ctx.args.token, terminated_metric(target))
+                .await,
         };
         Session {
             ctx,
@@ -259,7 +290,7 @@ impl<'a> Session<'a> {
     /// Takes the RSS baseline again (e.g. after lists that filled a cache), so the
     /// per-watch growth counts only what the watches add.
     pub fn rebase_rss(&mut self) {
-        self.before.rss = probe::rss_kib(self.target.pid);
+        self.before.rss = self.target.rss_kib();
         self.before.apiserver_rss = probe::rss_kib(self.ctx.args.apiserver_pid);
     }
 
@@ -273,7 +304,7 @@ impl<'a> Session<'a> {
     /// this give the marginal per-watch figure.
     pub async fn keys_warm(&mut self) {
         tokio::time::sleep(Duration::from_millis(self.ctx.args.settle_ms)).await;
-        self.warm = Some((probe::rss_kib(self.target.pid), self.client_watches));
+        self.warm = Some((self.target.rss_kib(), self.client_watches));
     }
 
     /// As [`Session::open`], for a later batch on the same pool: `offset` is the number
@@ -300,9 +331,14 @@ impl<'a> Session<'a> {
         for step in 0..steps {
             let end = total * (step + 1) / steps;
             for (i, (pq, ready)) in watches.by_ref().take(end - total * step / steps) {
+                // A pool routed over a fleet's replicas sends each connection to its own.
+                let url = match pool.base(offset + i) {
+                    Some(base) => format!("{base}{pq}"),
+                    None => self.url(&pq),
+                };
                 let req = WatchReq {
                     client: pool.get(offset + i),
-                    url: self.url(&pq),
+                    url,
                     token: ctx.args.token.clone(),
                 };
                 self.handles
@@ -325,7 +361,7 @@ impl<'a> Session<'a> {
             tokio::time::sleep(Duration::from_millis(ctx.args.settle_ms)).await;
             self.steps.push(RssStep {
                 watches: Counters::get(&c.ready),
-                target_rss_kib: probe::rss_kib(self.target.pid),
+                target_rss_kib: self.target.rss_kib(),
                 apiserver_rss_kib: probe::rss_kib(ctx.args.apiserver_pid),
             });
             if !all && !warned {
@@ -355,22 +391,22 @@ impl<'a> Session<'a> {
     /// after the last [`Session::open`] whose watches count as "the watches".
     pub async fn opened(&mut self) {
         let ctx = self.ctx;
-        self.rss_after = probe::rss_kib(self.target.pid);
+        self.rss_after = self.target.rss_kib();
         self.apiserver_rss_after = probe::rss_kib(ctx.args.apiserver_pid);
-        self.cpu_open = Cpu::now(self.target.pid, ctx.args.apiserver_pid) - self.before.cpu;
+        self.cpu_open = self.target.cpu(ctx.args.apiserver_pid) - self.before.cpu;
         let http = &ctx.api.http;
         let token = &ctx.args.token;
         let registered = probe::apiserver_watches_at(http, &ctx.args.apiserver, token).await;
         self.server_watches.apiserver_watches_added =
             registered.zip(self.before.registered).map(|(a, b)| a - b);
         if !self.target.is_apiserver() {
-            let text = probe::scrape(http, &self.target.url, token).await;
-            let get = |name| {
-                text.as_deref()
-                    .map(|t| probe::sum_samples(t, name).unwrap_or(0.0))
-            };
-            self.server_watches.kcache_registered_watchers = get("kcache_registered_watchers");
-            self.server_watches.kcache_upstream_watches = get("kcache_upstream_watches");
+            // A fleet's replicas summed: each watch is registered on one replica, and each
+            // upstream watch is its key's owner's.
+            let t = &self.target;
+            self.server_watches.kcache_registered_watchers =
+                t.metric(http, token, "kcache_registered_watchers").await;
+            self.server_watches.kcache_upstream_watches =
+                t.metric(http, token, "kcache_upstream_watches").await;
         }
         let c = &self.rec.counters;
         ctx.progress.log(&format!(
@@ -398,7 +434,7 @@ impl<'a> Session<'a> {
     pub async fn write(&mut self, ops: Vec<WriteOp>, rate: u64, phase: usize) -> Written {
         let ctx = self.ctx;
         if self.write_start.is_none() {
-            self.write_start = Some(Cpu::now(self.target.pid, ctx.args.apiserver_pid));
+            self.write_start = Some(self.target.cpu(ctx.args.apiserver_pid));
         }
         ctx.progress.stage(&format!(
             "writing {} objects at {rate}/s (phase {phase})",
@@ -483,15 +519,16 @@ impl<'a> Session<'a> {
         written: &Written,
     ) -> (TargetReport, Vec<Duration>) {
         let ctx = self.ctx;
-        let cpu_end = Cpu::now(self.target.pid, ctx.args.apiserver_pid);
+        let cpu_end = self.target.cpu(ctx.args.apiserver_pid);
         let cpu_write = cpu_end - self.write_start.unwrap_or(cpu_end);
-        let terminated = probe::metric(
-            &ctx.api.http,
-            &self.target.url,
-            &ctx.args.token,
-            terminated_metric(&self.target),
-        )
-        .await;
+        let terminated = self
+            .target
+            .metric(
+                &ctx.api.http,
+                &ctx.args.token,
+                terminated_metric(&self.target),
+            )
+            .await;
         self.server_watches.terminated_watchers =
             terminated.zip(self.before.terminated).map(|(a, b)| a - b);
         for h in self.handles.drain(..) {

@@ -340,13 +340,10 @@ async fn server_counts(ctx: &Ctx, t: &Target) -> Counts {
 /// CPU seconds so far: target (a fleet's replicas summed), API server, generator, and
 /// etcd (0 without its pid).
 fn cpu_now(ctx: &Ctx, t: &Target) -> (Cpu, f64) {
-    let mut cpu = Cpu::now(t.pid, ctx.args.apiserver_pid);
-    cpu.target += t
-        .replicas
-        .iter()
-        .map(|r| probe::cpu_seconds(r.pid))
-        .sum::<f64>();
-    (cpu, ctx.args.etcd_pid.map_or(0.0, probe::cpu_seconds))
+    (
+        t.cpu(ctx.args.apiserver_pid),
+        ctx.args.etcd_pid.map_or(0.0, probe::cpu_seconds),
+    )
 }
 
 /// What one phase cost: CPU deltas (with etcd's) and the counters' deltas.

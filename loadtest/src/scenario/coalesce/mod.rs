@@ -46,7 +46,7 @@ use serde_json::{json, Value};
 
 use super::{payload, splitmix64, Ctx, Op, ScenarioRun, Series, Session, Target, WriteOp};
 use crate::client::ConnPool;
-use crate::probe::PeakRss;
+use crate::probe::{self, PeakRss};
 use crate::watch::Ready;
 
 mod observe;
@@ -305,8 +305,19 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         s.set_open_steps(open_steps);
         let sampler = Sampler::start(ctx, t);
         let api_peak = PeakRss::start(ctx.args.apiserver_pid, Duration::from_millis(200));
-        let target_peak = PeakRss::start(t.pid, Duration::from_millis(200));
-        let pool = ConnPool::per_node(&ctx.model, p.nodes, per_node);
+        let target_peaks: Vec<(u32, PeakRss)> = t
+            .pids()
+            .into_iter()
+            .map(|pid| (pid, PeakRss::start(pid, Duration::from_millis(200))))
+            .collect();
+        // Behind a fleet, node n's connection goes to replica n % replicas, as nodes
+        // behind a Service spread.
+        let fleet = if t.replicas.is_empty() {
+            Vec::new()
+        } else {
+            t.urls()
+        };
+        let pool = ConnPool::per_node(&ctx.model, p.nodes, per_node).route(fleet);
         let open_at_sample_secs = sampler.seconds();
         let opened_at = Instant::now();
         s.open(&pool, watches.clone()).await;
@@ -324,7 +335,16 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         let api_peak = api_peak
             .stop(ctx.args.apiserver_pid)
             .max(settled.apiserver_rss_kib);
-        let target_peak = target_peak.stop(t.pid).max(settled.target_rss_kib);
+        // Each replica's own peak; their sum bounds the fleet's from above.
+        let replica_peaks: Vec<u64> = target_peaks
+            .into_iter()
+            .map(|(pid, peak)| peak.stop(pid))
+            .collect();
+        let replica_settled: Vec<u64> = t.pids().into_iter().map(probe::rss_kib).collect();
+        let target_peak = replica_peaks
+            .iter()
+            .sum::<u64>()
+            .max(settled.target_rss_kib);
         ctx.progress.stage(&format!(
             "settled: API server GC, {} s quiet",
             QUIET.as_secs()
@@ -419,6 +439,13 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
             "open_seconds_method": "time from each step's watch requests to the last of them established (first event), summed over the steps; without the settling pauses before each RSS sample",
             "open_wall_seconds": open_wall,
             "settle_seconds": p.settle_secs,
+            "replicas": {
+                "count": t.urls().len(),
+                "routing": "node n's connection to replica n % count",
+                "rss_peak_kib": replica_peaks,
+                "rss_settled_kib": replica_settled,
+                "cpu_seconds_total": t.pids().into_iter().map(probe::cpu_seconds).collect::<Vec<_>>(),
+            },
             "apiserver_rss_kib": {
                 "method": format!("before: {q} s after a forced collection (/debug/pprof/heap?gc=1), before the first watch; after_gc: {q} s after another, once the watches had settled; growth: after_gc - before. after_settle: when settled, before that collection; peak: VmRSS every 200 ms while the watches opened and settled", q = QUIET.as_secs()),
                 "before": before.apiserver_rss_kib,

@@ -115,7 +115,7 @@ pub(super) async fn snapshot(ctx: &Ctx, t: &Target) -> Snapshot {
     let api = probe::scrape(http, &ctx.args.apiserver, token).await;
     let mut s = Snapshot {
         apiserver_rss_kib: probe::rss_kib(ctx.args.apiserver_pid),
-        target_rss_kib: probe::rss_kib(t.pid),
+        target_rss_kib: t.rss_kib(),
         ..Default::default()
     };
     if let Some(text) = &api {
@@ -124,10 +124,14 @@ pub(super) async fn snapshot(ctx: &Ctx, t: &Target) -> Snapshot {
         s.apiserver_goroutines = probe::sum_samples(text, "go_goroutines");
     }
     if !t.is_apiserver() {
-        if let Some(text) = probe::scrape(http, &t.url, token).await {
-            for name in KCACHE_METRICS {
-                s.kcache
-                    .insert(name, probe::sum_samples(&text, name).unwrap_or(0.0));
+        // A fleet's replicas summed (each replica counts its own coalescings and keys,
+        // mirrors included: `keys_per_namespace` counts upstream watches once).
+        for url in t.urls() {
+            if let Some(text) = probe::scrape(http, &url, token).await {
+                for name in KCACHE_METRICS {
+                    *s.kcache.entry(name).or_default() +=
+                        probe::sum_samples(&text, name).unwrap_or(0.0);
+                }
             }
         }
     }
@@ -162,7 +166,7 @@ impl Sampler {
         let flag = stop.clone();
         let (http, token) = (ctx.api.http.clone(), ctx.args.token.clone());
         let (api_url, api_pid) = (ctx.args.apiserver.clone(), ctx.args.apiserver_pid);
-        let (t_url, t_pid, kcache) = (t.url.clone(), t.pid, !t.is_apiserver());
+        let (t, kcache) = (t.clone(), !t.is_apiserver());
         let start = Instant::now();
         let task = tokio::spawn(async move {
             let mut out = Vec::new();
@@ -170,8 +174,9 @@ impl Sampler {
                 let registered = probe::apiserver_watches_at(&http, &api_url, &token)
                     .await
                     .unwrap_or(f64::NAN);
+                // Summed over a fleet: only a key's owner watches upstream.
                 let upstream = if kcache {
-                    probe::metric(&http, &t_url, &token, "kcache_upstream_watches").await
+                    t.metric(&http, &token, "kcache_upstream_watches").await
                 } else {
                     None
                 };
@@ -179,7 +184,7 @@ impl Sampler {
                     seconds: start.elapsed().as_secs_f64(),
                     apiserver_watches: registered,
                     apiserver_rss_kib: probe::rss_kib(api_pid),
-                    target_rss_kib: probe::rss_kib(t_pid),
+                    target_rss_kib: t.rss_kib(),
                     kcache_upstream_watches: upstream,
                 });
                 let next = Instant::now() + every;
@@ -207,16 +212,22 @@ impl Sampler {
 /// the keys running (each holds one upstream watch: nothing here is immutable) and
 /// whether the namespace key is coalesced.
 pub(super) async fn keys_per_namespace(ctx: &Ctx, t: &Target) -> Option<Value> {
-    let keys = crate::client::Api::new(&t.url, &ctx.args.token)
-        .get_json("/debug/keys")
-        .await;
-    let keys = match keys {
-        Ok(v) => v,
-        Err(e) => {
-            ctx.progress.log(&format!("/debug/keys: {e}"));
-            return None;
+    // A fleet's keys: each replica lists its own, a mirror (fed over NATS by the key's
+    // owner) holding no upstream watch; a key counts once, however many replicas run it.
+    let mut all = Vec::new();
+    for url in t.urls() {
+        let keys = crate::client::Api::new(&url, &ctx.args.token)
+            .get_json("/debug/keys")
+            .await;
+        match keys {
+            Ok(v) => all.extend(v["keys"].as_array().cloned().unwrap_or_default()),
+            Err(e) => {
+                ctx.progress.log(&format!("/debug/keys of {url}: {e}"));
+                return None;
+            }
         }
-    };
+    }
+    let keys = upstream_keys(all);
     #[derive(Default)]
     struct Ns {
         name_keys: BTreeMap<String, usize>,
@@ -225,7 +236,7 @@ pub(super) async fn keys_per_namespace(ctx: &Ctx, t: &Target) -> Option<Value> {
     }
     let mut per_ns: BTreeMap<String, Ns> = BTreeMap::new();
     let mut other = 0usize;
-    for k in keys["keys"].as_array().into_iter().flatten() {
+    for k in &keys {
         let Some(key) = k["key"].as_str() else {
             continue;
         };
@@ -279,6 +290,36 @@ pub(super) async fn keys_per_namespace(ctx: &Ctx, t: &Target) -> Option<Value> {
     }))
 }
 
+/// The keys of a fleet's `/debug/keys` lists that hold an upstream watch: an owner's
+/// key once (two replicas may both claim it a moment during a handover), a replica's own
+/// (`local`: NATS unreachable; no fleet) each, a mirror's (fed over NATS) never. A key any
+/// replica coalesced counts as coalesced.
+fn upstream_keys(entries: Vec<Value>) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut owners = std::collections::BTreeSet::new();
+    let mut coalesced = std::collections::BTreeSet::new();
+    for e in entries {
+        let Some(key) = e["key"].as_str().map(str::to_string) else {
+            continue;
+        };
+        if e["coalescing"].as_str() == Some("coalesced") {
+            coalesced.insert(key.clone());
+        }
+        // `role` is the fleet's (flattened into the entry); absent without a fleet.
+        match e["role"].as_str() {
+            Some("mirror") => {}
+            Some("owner") if !owners.insert(key) => {}
+            _ => out.push(e),
+        }
+    }
+    for e in &mut out {
+        if e["key"].as_str().is_some_and(|k| coalesced.contains(k)) {
+            e["coalescing"] = json!("coalesced");
+        }
+    }
+    out
+}
+
 pub(super) fn diff(
     after: &BTreeMap<String, f64>,
     before: &BTreeMap<String, f64>,
@@ -294,4 +335,48 @@ pub(super) fn diff(
         )
         .filter(|(_, v)| *v != 0.0)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fleets_keys_count_once_and_mirrors_not_at_all() {
+        let entry = |key: &str, role: Option<&str>, coalescing: Option<&str>| json!({"key": key, "role": role, "coalescing": coalescing});
+        let keys = upstream_keys(vec![
+            // One replica alone (no fleet): every key counts.
+            entry("/a", None, None),
+            // Owner on one replica, mirror on another.
+            entry("/b", Some("mirror"), Some("coalesced")),
+            entry("/b", Some("owner"), None),
+            // Only mirrors: no upstream watch here.
+            entry("/c", Some("mirror"), None),
+            // Owned twice for a moment: one upstream watch.
+            entry("/e", Some("owner"), None),
+            entry("/e", Some("owner"), None),
+            // NATS unreachable: each replica's local key watches upstream itself.
+            entry("/d", Some("local"), None),
+            entry("/d", Some("local"), None),
+        ]);
+        let got: Vec<(String, Option<String>)> = keys
+            .iter()
+            .map(|k| {
+                (
+                    k["key"].as_str().unwrap_or_default().to_string(),
+                    k["coalescing"].as_str().map(str::to_string),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("/a".to_string(), None),
+                ("/b".to_string(), Some("coalesced".to_string())),
+                ("/e".to_string(), None),
+                ("/d".to_string(), None),
+                ("/d".to_string(), None),
+            ]
+        );
+    }
 }
