@@ -667,6 +667,78 @@ async fn name_keys_handed_over_to_their_coalesced_namespace_stop_at_once() {
     );
 }
 
+/// A replica of a fleet with coalescing on and a grace period far longer than a test: only
+/// a key stopped at once is gone within one.
+async fn long_grace_replica(cluster: &TestCluster, nats: &support::nats::Nats, id: &str) -> Kcache {
+    let toml = support::nats::fleet_toml(cluster.dir_path(), nats, "interest_interval_ms = 300")
+        .replacen(
+            "[cache]\n",
+            "[cache]\ncoalesce_min_names = 4\ncoalesce_fraction = 0.3\n",
+            1,
+        )
+        .replacen("grace_period_secs = 5", "grace_period_secs = 600", 1);
+    assert!(toml.contains("grace_period_secs = 600"), "{toml}");
+    Kcache::start_with_args(cluster, &toml, &["--replica-id", id]).await
+}
+
+/// Single-object watches through `k` of the ConfigMaps `cm<i>`.
+async fn watches_of(k: &Kcache, names: [usize; 3]) -> Vec<support::http::Events> {
+    let http = support::http::Http::new(&k.url);
+    let mut watches = Vec::new();
+    for i in names {
+        watches.push(
+            http.watch_ok(&format!(
+                "/api/v1/namespaces/{NS}/configmaps?watch=1&fieldSelector=metadata.name%3Dcm{i}"
+            ))
+            .await,
+        );
+    }
+    watches
+}
+
+/// Name keys that ran on two replicas (one owns each, the other mirrors it) and are
+/// handed over to their coalesced namespace key on both stop at once on both: the owner
+/// does not wait a grace period for the other replica's interest, which lapses as soon as
+/// that replica has handed its own watchers over (a 3-replica fleet opening 99,000
+/// kubelet watches kept ~700 such keys, each an upstream watch, 30 s longer than one
+/// replica did).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handed_over_name_keys_stop_at_once_across_a_fleet() {
+    let cluster = TestCluster::start().await;
+    let nats = support::nats::Nats::start(cluster.dir_path());
+    let a = long_grace_replica(&cluster, &nats, "a").await;
+    let b = long_grace_replica(&cluster, &nats, "b").await;
+    let admin = cluster.kube_client().await;
+    support::create_namespace(&admin, NS).await;
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(admin, NS);
+    create_objects(&api).await;
+    // Three names on each replica, two of them on both: neither alone reaches
+    // coalesce_min_names (4), the fleet does (cm0..cm3); cm1 and cm2 are each one
+    // replica's key and the other's mirror, with references on both.
+    let _on_a = watches_of(&a, [0, 1, 2]).await;
+    let _on_b = watches_of(&b, [1, 2, 3]).await;
+    let settled = || async {
+        for k in [&a, &b] {
+            if coalesced(k).await.as_deref() != Some("coalesced") || name_keys(k).await != 0 {
+                return false;
+            }
+        }
+        a.metric("kcache_upstream_watches").await + b.metric("kcache_upstream_watches").await == 1.0
+    };
+    for _ in 0..40 {
+        if settled().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!(
+        "name keys still running 20 s on:\n{:#}\n{:#}\n{}",
+        a.debug_keys().await,
+        b.debug_keys().await,
+        a.log_tail()
+    );
+}
+
 /// A replica that joins (or restarts into) a fleet that has coalesced a namespace serves
 /// its clients' requests of those names from the namespace key at once: it starts no
 /// name key — a lease nobody holds any more, an upstream list and watch each — for the

@@ -676,7 +676,9 @@ impl Registry {
                 None => {}
             }
             match self.keys.release(from, &asked) {
-                Released::Idle { generation } => self.stop_now(from.clone(), generation, ctx),
+                Released::Idle { generation } => {
+                    self.stop_handed_over(from.clone(), generation, ctx)
+                }
                 Released::Held | Released::Unknown => {}
             }
         }
@@ -698,7 +700,7 @@ impl Handler<Moved> for Registry {
                 .is_some_and(Coalescing::coalesced);
         match self.keys.release(&msg.from, &msg.asked) {
             Released::Idle { generation } if into_coalesced => {
-                self.stop_now(msg.from.clone(), generation, ctx)
+                self.stop_handed_over(msg.from.clone(), generation, ctx)
             }
             Released::Idle { generation } => self.schedule_stop(msg.from.clone(), generation, ctx),
             Released::Held | Released::Unknown => {}
