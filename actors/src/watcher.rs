@@ -584,7 +584,13 @@ fn grid_epoch(now: Instant) -> Instant {
 /// The first instant after `now` of the grid `epoch + (phase + k) × every`, k ≥ 0 (`phase`
 /// is clamped to [0, 1); `every` is not zero).
 fn first_tick(epoch: Instant, now: Instant, every: Duration, phase: f64) -> Instant {
-    let base = epoch + every.mul_f64(phase.clamp(0.0, 1.0) % 1.0);
+    // `mul_f64` panics on NaN: any phase not a number counts as 0.
+    let phase = if phase.is_finite() {
+        phase.clamp(0.0, 1.0) % 1.0
+    } else {
+        0.0
+    };
+    let base = epoch + every.mul_f64(phase);
     if now < base {
         return base;
     }
@@ -1045,6 +1051,8 @@ mod tests {
             // Out of range phases are held to the period.
             (s(1), -3.0, s(15)),
             (s(1), 7.0, s(15)),
+            (s(1), f64::NAN, s(15)),
+            (s(1), f64::INFINITY, s(15)),
         ];
         for (now, phase, want) in cases {
             assert_eq!(
