@@ -592,7 +592,12 @@ fn first_tick(epoch: Instant, now: Instant, every: Duration, phase: f64) -> Inst
     };
     let base = epoch + every.mul_f64(phase);
     if now < base {
-        return base;
+        // Only a clock read a moment before the epoch's (another thread's), or a test's
+        // paused clock behind the one that set it: the grid's first instant after `now`,
+        // whole periods back from `base`, not `base` itself however far ahead it is.
+        let back = (base - now).as_nanos() / every.as_nanos() * every.as_nanos();
+        let back = Duration::from_nanos(u64::try_from(back).unwrap_or(0));
+        return base.checked_sub(back).unwrap_or(base);
     }
     let periods = (now - base).as_nanos() / every.as_nanos() + 1;
     let ahead = u64::try_from(periods * every.as_nanos()).unwrap_or(u64::MAX);
@@ -1061,6 +1066,10 @@ mod tests {
                 "now {now:?}, phase {phase}"
             );
         }
+        // A clock behind the epoch: the grid's first instant after it, not the epoch.
+        let later = epoch + s(100);
+        assert_eq!(first_tick(later, epoch + s(1), every, 0.0) - epoch, s(10));
+        assert_eq!(first_tick(later, epoch + s(10), every, 0.0) - epoch, s(10));
     }
 
     /// The instants of the keepalives a watch's ticks give until `deadline`.
