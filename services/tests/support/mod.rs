@@ -57,6 +57,20 @@ pub fn free_port() -> u16 {
         .expect("bind an ephemeral loopback port")
 }
 
+/// `n` distinct ports that were free a moment ago: each is held until all are picked, so
+/// no two are the same (a NATS cluster's six ports, picked one by one, once held the same
+/// port twice and a node could not listen).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port")
+        })
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("a bound port").port())
+        .collect()
+}
+
 /// The directory holding `kube-apiserver`, `kubectl` and `etcd`: `$KCACHE_K8S_BIN`, else the
 /// last line printed by `scripts/k8s/build.sh` (which builds the reference version from Go
 /// modules on first use).

@@ -108,8 +108,9 @@ impl NatsCluster {
     /// created).
     pub async fn start(parent: &Path, n: usize) -> NatsCluster {
         let root = parent.join("nats-cluster");
-        let ports: Vec<(u16, u16)> = (0..n)
-            .map(|_| (super::free_port(), super::free_port()))
+        let ports: Vec<(u16, u16)> = super::free_ports(2 * n)
+            .chunks(2)
+            .map(|p| (p[0], p[1]))
             .collect();
         let mut nodes = Vec::new();
         for (i, &(port, cluster_port)) in ports.iter().enumerate() {
