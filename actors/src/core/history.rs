@@ -169,7 +169,12 @@ mod tests {
 
     fn names(past: &Past, store: &Store, from: Option<&str>) -> Vec<String> {
         let lower = from.map_or(Bound::Unbounded, Bound::Included);
-        past.objects(store, (lower, Bound::Unbounded))
+        names_in(past, store, (lower, Bound::Unbounded))
+    }
+
+    /// `name@rv` of the objects at the past's RV within `span`.
+    fn names_in(past: &Past, store: &Store, span: (Bound<&str>, Bound<&str>)) -> Vec<String> {
+        past.objects(store, span)
             .map(|o| format!("{}@{}", o.name(), o.rv()))
             .collect()
     }
@@ -251,23 +256,15 @@ mod tests {
                 (Added, "c", "3", 15),
             ],
         );
-        let names_in = |past: &Past, span: &crate::core::store::Span| -> Vec<String> {
-            past.objects(&store, crate::core::store::borrowed(span))
-                .map(|o| format!("{}@{}", o.name(), o.rv()))
-                .collect()
-        };
-        let b = (
-            Bound::Included("n/b".to_string()),
-            Bound::Included("n/b".to_string()),
-        );
+        let b = (Bound::Included("n/b"), Bound::Included("n/b"));
         // Deleted since, its version at the past resourceVersion is still found by name.
         let at = |rv| Past::at(&window, 15, rv).expect("within the window");
-        assert_eq!(names_in(&at(12), &b), ["b@12"]);
-        assert_eq!(names_in(&at(13), &b), ["b@13"]);
-        assert_eq!(names_in(&at(14), &b), Vec::<String>::new());
-        assert_eq!(names_in(&at(15), &b), Vec::<String>::new());
+        assert_eq!(names_in(&at(12), &store, b), ["b@12"]);
+        assert_eq!(names_in(&at(13), &store, b), ["b@13"]);
+        assert_eq!(names_in(&at(14), &store, b), Vec::<String>::new());
+        assert_eq!(names_in(&at(15), &store, b), Vec::<String>::new());
         let all = (Bound::Unbounded, Bound::Unbounded);
-        assert_eq!(names_in(&at(13), &all), ["a@11", "b@13"]);
+        assert_eq!(names_in(&at(13), &store, all), ["a@11", "b@13"]);
     }
 
     #[test]

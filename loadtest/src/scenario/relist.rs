@@ -408,14 +408,25 @@ async fn relists(ctx: &Ctx, p: &Params, t: &Target, rec: &Arc<Recorder>) -> Vec<
             }
         })
     };
+    let all = joined(tasks, rec, "controller").await;
+    logger.abort();
+    all
+}
+
+/// Everything `tasks` gave, in their order; a task that failed counted in `rec` as
+/// `what`'s failure.
+async fn joined<T>(
+    tasks: Vec<tokio::task::JoinHandle<Vec<T>>>,
+    rec: &Recorder,
+    what: &str,
+) -> Vec<T> {
     let mut all = Vec::new();
     for task in tasks {
         match task.await {
             Ok(done) => all.extend(done),
-            Err(e) => rec.failure(format!("controller task: {e}")),
+            Err(e) => rec.failure(format!("{what} task: {e}")),
         }
     }
-    logger.abort();
     all
 }
 
@@ -514,13 +525,7 @@ async fn name_reads(
             ))
         })
         .collect();
-    let mut all = Vec::new();
-    for task in tasks {
-        match task.await {
-            Ok(took) => all.extend(took),
-            Err(e) => rec.failure(format!("name reader task: {e}")),
-        }
-    }
+    let mut all = joined(tasks, rec, "name reader").await;
     all.sort_unstable();
     all
 }
