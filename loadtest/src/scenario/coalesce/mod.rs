@@ -349,9 +349,23 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
             "settled: API server GC, {} s quiet",
             QUIET.as_secs()
         ));
+        // The quiet window is also the settled fleet's idle time: what each replica
+        // spends with nothing to do but keep its keys, mirrors and the fleet's interest
+        // (issue 31.5).
+        let idle_from = (Instant::now(), replica_cpu(t));
         let heap_settled = apiserver_heap(ctx).await;
         tokio::time::sleep(QUIET).await;
         let after_gc = snapshot(ctx, t).await;
+        let idle_secs = idle_from.0.elapsed().as_secs_f64();
+        let idle_cores: Vec<f64> = replica_cpu(t)
+            .iter()
+            .zip(&idle_from.1)
+            .map(|(to, from)| (to - from) / idle_secs)
+            .collect();
+        let idle_rate = |name: &str| {
+            let at = |s: &observe::Snapshot| s.kcache.get(name).copied().unwrap_or(0.0);
+            (at(&after_gc) - at(&settled)) / idle_secs
+        };
         let keys = if t.is_apiserver() {
             None
         } else {
@@ -419,6 +433,12 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
                 "{variant}: from 1 s after the watches began: at most {upstream_after_first_second} upstream watches (bound {}), API server watches added at most {apiserver_after_first_second}",
                 2 * namespaces_used
             ));
+            ctx.progress.log(&format!(
+                "{variant}: idle once settled: {} cores per replica; the fleet's NATS messages {:.0} published, {:.0} received per s",
+                idle_cores.iter().map(|c| format!("{c:.3}")).collect::<Vec<_>>().join(" / "),
+                idle_rate("kcache_nats_messages_published_total"),
+                idle_rate("kcache_nats_messages_received_total"),
+            ));
         }
         if let Some(k) = &keys {
             ctx.progress.log(&format!(
@@ -444,8 +464,15 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
                 "routing": "node n's connection to replica n % count",
                 "rss_peak_kib": replica_peaks,
                 "rss_settled_kib": replica_settled,
-                "cpu_seconds_total": t.pids().into_iter().map(probe::cpu_seconds).collect::<Vec<_>>(),
+                "cpu_seconds_total": replica_cpu(t),
             },
+            "idle": (!t.is_apiserver()).then(|| json!({
+                "method": "once settled, over the quiet window before the second RSS reading (the API server's forced collection in it): each replica's CPU, and the NATS messages the fleet published and received, summed over replicas, per second",
+                "seconds": idle_secs,
+                "cpu_cores_per_replica": idle_cores,
+                "nats_published_per_second": idle_rate("kcache_nats_messages_published_total"),
+                "nats_received_per_second": idle_rate("kcache_nats_messages_received_total"),
+            })),
             "apiserver_rss_kib": {
                 "method": format!("before: {q} s after a forced collection (/debug/pprof/heap?gc=1), before the first watch; after_gc: {q} s after another, once the watches had settled; growth: after_gc - before. after_settle: when settled, before that collection; peak: VmRSS every 200 ms while the watches opened and settled", q = QUIET.as_secs()),
                 "before": before.apiserver_rss_kib,
@@ -547,6 +574,11 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         notes,
         sections: Vec::new(),
     }
+}
+
+/// Each replica's CPU seconds so far (one for a single kcache).
+fn replica_cpu(t: &Target) -> Vec<f64> {
+    t.pids().into_iter().map(probe::cpu_seconds).collect()
 }
 
 #[cfg(test)]

@@ -107,6 +107,8 @@ pub(super) const KCACHE_METRICS: &[&str] = &[
     "kcache_covered_requests_total",
     "kcache_keys_refused_total",
     "kcache_terminated_watchers_total",
+    "kcache_nats_messages_published_total",
+    "kcache_nats_messages_received_total",
 ];
 
 pub(super) async fn snapshot(ctx: &Ctx, t: &Target) -> Snapshot {
