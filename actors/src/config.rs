@@ -179,7 +179,8 @@ pub struct NatsConfig {
     /// Owners send a heartbeat (epoch, last seq, progress RV) per key this often: a lost
     /// last event on a quiet key is noticed within one interval.
     pub heartbeat_ms: u64,
-    /// Each replica publishes its refcounts this often; records expire after three.
+    /// Each replica publishes what changed in its refcounts this often; a replica not
+    /// heard for three intervals no longer counts.
     pub interest_interval_ms: u64,
     /// An owner whose every upstream request has failed this long hands its keys to a
     /// replica that reaches the API server (if one does), and readiness turns false

@@ -215,6 +215,10 @@ pub const FLEET_BAD_MESSAGES: &str = "kcache_fleet_bad_messages_total";
 pub const FLEET_OVERSIZED: &str = "kcache_fleet_oversized_messages_total";
 pub const FLEET_REJECTED: &str = "kcache_fleet_rejected_messages_total";
 pub const FLEET_PEERS_GONE: &str = "kcache_fleet_peers_gone_total";
+/// Full interest tables this replica sent, by `reason` ([`INTEREST_FULL_REASONS`]).
+pub const FLEET_INTEREST_FULL: &str = "kcache_fleet_interest_full_tables_total";
+pub const FLEET_INTEREST_BEHIND: &str = "kcache_fleet_interest_behind_total";
+pub const FLEET_INTEREST_DROPPED: &str = "kcache_fleet_interest_dropped_total";
 /// Subscribers' resume requests by `result` (`answered`, `failed`, `refused`, `busy`).
 pub const NATS_RESUMES: &str = "kcache_nats_resumes_total";
 pub const UPSTREAM_CUT_OFF: &str = "kcache_upstream_cut_off";
@@ -226,6 +230,8 @@ pub const OWNERSHIP_CHANGES: [&str; 5] =
     ["acquired", "lost", "taken-over", "recreated", "handed-over"];
 /// Every `reason` label of [`FLEET_RESYNCS`] (`fleet::key_task`).
 pub const RESYNC_REASONS: [&str; 4] = ["start", "gap", "new-owner", "retry"];
+/// Every `reason` label of [`FLEET_INTEREST_FULL`] (`registry`).
+pub const INTEREST_FULL_REASONS: [&str; 3] = ["start", "new-peer", "asked"];
 /// Every `reason` label of [`FLEET_REJECTED`] (`fleet::codec`, `fleet::key_task`,
 /// `fleet::presence`).
 pub const REJECTED_REASONS: [&str; 6] = [
@@ -255,8 +261,13 @@ pub fn describe_fleet() {
         FLEET_BAD_MESSAGES,
         FLEET_OVERSIZED,
         FLEET_PEERS_GONE,
+        FLEET_INTEREST_BEHIND,
+        FLEET_INTEREST_DROPPED,
     ] {
         metrics::counter!(c).increment(0);
+    }
+    for reason in INTEREST_FULL_REASONS {
+        metrics::counter!(FLEET_INTEREST_FULL, "reason" => reason).increment(0);
     }
     for change in OWNERSHIP_CHANGES {
         metrics::counter!(FLEET_OWNERSHIP_CHANGES, "change" => change).increment(0);
@@ -324,6 +335,18 @@ pub fn describe_fleet() {
     describe_counter!(
         FLEET_PEERS_GONE,
         "Peers whose NATS connection was found gone (no responders to their presence): their keys are taken over without waiting for their leases to expire."
+    );
+    describe_counter!(
+        FLEET_INTEREST_FULL,
+        "Full interest tables this replica published, by reason: its start, a new peer (or a peer restarted), a peer that missed one of its messages asked (asked). Between them it publishes only what changed."
+    );
+    describe_counter!(
+        FLEET_INTEREST_BEHIND,
+        "Interest messages from a peer that showed this replica had missed one (a number skipped, a table part out of its run): it asks that peer for its full table."
+    );
+    describe_counter!(
+        FLEET_INTEREST_DROPPED,
+        "Intervals of this replica's interest not published because the queue to NATS was full (peers ask for its table again)."
     );
     describe_counter!(
         FLEET_OVERSIZED,

@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use kcache_actors::core::interest::Interest;
+use kcache_actors::core::interest::sync::{Batch, Part, Peers};
+use kcache_actors::core::interest::{self as interest, Interest};
 use kcache_actors::core::key::{Key, ResourceType, Scope};
 use kcache_actors::core::lease;
 use kcache_actors::core::mirror::{Input, Mirror, Output, Resync, Stamp};
@@ -562,20 +563,48 @@ proptest! {
     }
 
     #[test]
-    fn interest_records_from_nats_never_panic(
-        records in prop::collection::vec((0u8..4, 0u8..3, prop_oneof![0u64..3, Just(u64::MAX)], 0u64..100), 0..30),
+    fn interest_messages_from_nats_never_panic_and_keep_the_group_index(
+        msgs in prop::collection::vec((
+            0u8..3,
+            0u64..3,
+            0u64..6,
+            prop::option::of((0u32..3, 0u32..3)),
+            prop::collection::vec((0u8..4, prop_oneof![0u64..3, Just(u64::MAX)]), 0..4),
+            prop::collection::vec((0u8..4, 0u64..3), 0..3),
+            0u64..100,
+        ), 0..40),
         now in 0u64..200,
     ) {
-        let mut i = Interest::default();
-        for (replica, token, refs, at) in &records {
-            i.record(&format!("r{replica}"), &format!("t{token}"), *refs, *at);
+        const GROUP: &str = "_.v1.secrets.ns.name.";
+        let token = |t: &u8| format!("{GROUP}t{t}");
+        let (mut peers, mut table) = (Peers::default(), Interest::default());
+        for (replica, epoch, seq, full, refs, covered, at) in &msgs {
+            let batch = Batch {
+                epoch: *epoch,
+                seq: *seq,
+                full: full.map(|(index, of)| Part { index, of }),
+                refs: refs.iter().map(|(t, n)| (token(t), *n)).collect(),
+                covered: covered.iter().map(|(t, n)| (token(t), *n)).collect(),
+            };
+            peers.receive(&mut table, &format!("r{replica}"), batch, *at);
         }
-        for t in 0..3 {
-            let token = format!("t{t}");
-            let total = i.total(&token, now, 50);
-            prop_assert!(i.others(&token, "r0", now, 50) <= total);
+        let mut named = std::collections::HashSet::new();
+        for t in 0..4u8 {
+            let token = token(&t);
+            let total = table.total(interest::Kind::Refs, &token, now, 50);
+            prop_assert!(table.others(interest::Kind::Refs, &token, "r0", now, 50) <= total);
         }
-        i.expire(now, 50);
+        for r in ["r0", "r1", "r2"] {
+            for kind in [interest::Kind::Refs, interest::Kind::Covered] {
+                named.extend(table.records_of(kind, r).map(|(t, _)| t.to_string()));
+            }
+        }
+        // The group index names exactly the tokens some record names.
+        prop_assert_eq!(table.group_len(GROUP), named.len());
+        for gone in table.expire(now, 50) {
+            peers.forget(&gone);
+        }
+        let _ = peers.behind().count();
     }
 
     #[test]

@@ -209,7 +209,8 @@ pub async fn run(
     // Readiness opens once the API server has answered discovery for every cached
     // resource (their scope and kind) and whether it accepts anonymous requests; until
     // then every request is proxied. In a fleet, also not before every peer's interest
-    // has been heard once (each publishes every interval): a replica restarting into a
+    // has been heard (the replica sends its table at once, and each peer answers with its
+    // own, at most an interval later if it sent one just before): a replica restarting into a
     // fleet that has coalesced a namespace must know it before its clients' requests
     // arrive, or it starts every name key of that namespace again for a second
     // (`Registry::adopt_fleet_coalescing`).

@@ -514,6 +514,128 @@ async fn nats_killed_and_restarted_on_its_port() {
     assert!(b.metric("kcache_nats_reconnects_total").await >= 2.0);
 }
 
+/// The fleet refcount the owner of `key` sees, if one of `replicas` owns it.
+async fn owners_refcount(replicas: &[&Kcache], key: &str) -> Option<u64> {
+    for k in replicas {
+        if let Some(info) = k.key_info(key).await {
+            if info["role"] == "owner" {
+                return info["fleetRefcount"].as_u64();
+            }
+        }
+    }
+    None
+}
+
+/// Fleet interest travels as changes: once the fleet has settled, a replica's interest
+/// messages carry no records, however many keys it holds (they only say it is alive);
+/// and when messages are lost with NATS, the fleet's refcounts still come right once it
+/// is back (a replica that missed a message asks for the sender's table again). Issue
+/// 31.5: every replica used to send every key and covered name every second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_interest_travels_as_changes_and_heals_after_lost_messages() {
+    let cluster = TestCluster::start().await;
+    let mut nats = Nats::start(cluster.dir_path());
+    let (a, b) = (
+        name_key_replica(&cluster, &nats, "a").await,
+        name_key_replica(&cluster, &nats, "b").await,
+    );
+    let admin = cluster.kube_client().await;
+    support::create_namespace(&admin, "interest").await;
+    let cms: kube::Api<ConfigMap> = kube::Api::namespaced(admin, "interest");
+    const NAMES: usize = 20;
+    for i in 0..NAMES {
+        let cm: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": format!("cm{i}")}})).expect("cm");
+        cms.create(&Default::default(), &cm).await.expect("create");
+    }
+    let http = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .build()
+        .expect("http");
+    let watch = |k: &Kcache, i: usize| {
+        let url = format!(
+            "{}/api/v1/namespaces/interest/configmaps?watch=1&resourceVersion=0&fieldSelector=metadata.name%3Dcm{i}",
+            k.url
+        );
+        spawn_watch(http.clone(), url, |_| true)
+    };
+    // Every name once on a and twice on b.
+    let (mut on_a, mut on_b, mut second_on_b) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..NAMES {
+        on_a.push(watch(&a, i));
+        on_b.push(watch(&b, i));
+        second_on_b.push(watch(&b, i));
+    }
+    let key = |i: usize| format!("/api/v1/namespaces/interest/configmaps/cm{i}");
+    let every_owner_sees = |n: u64| {
+        let (a, b) = (&a, &b);
+        move || async move {
+            for i in 0..NAMES {
+                if owners_refcount(&[a, b], &key(i)).await != Some(n) {
+                    return false;
+                }
+            }
+            true
+        }
+    };
+    eventually(
+        "each name's owner sees the fleet's 3 references",
+        Duration::from_secs(60),
+        every_owner_sees(3),
+    )
+    .await;
+
+    // Settled: a few intervals of interest messages, none with a record.
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let mut sub = nats
+        .client()
+        .await
+        .subscribe("kcache.interest.*")
+        .await
+        .expect("subscribe");
+    let sink = heard.clone();
+    let listen = tokio::spawn(async move {
+        while let Some(msg) = sub.next().await {
+            let body: Value = serde_json::from_slice(&msg.payload).expect("an interest body");
+            sink.lock().expect("heard").push(body);
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    listen.abort();
+    let heard = heard.lock().expect("heard").clone();
+    assert!(
+        heard.len() >= 4,
+        "2 replicas, one message a second: {heard:?}"
+    );
+    for m in &heard {
+        assert!(m["seq"].is_u64() && m["epoch"].is_u64(), "{m}");
+        assert!(
+            m.get("full").is_none(),
+            "a full table with nothing changed: {m}"
+        );
+        assert_eq!(m["keys"], json!([]), "{m}");
+        assert_eq!(m["covered"], json!([]), "{m}");
+    }
+
+    // NATS dies; meanwhile b closes its second watch of every name, and the changes it
+    // sends are lost or held back. Once NATS is back the owners see 2 references.
+    nats.kill9();
+    for w in second_on_b.drain(..) {
+        w.abort();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    nats.restart();
+    eventually(
+        "each name's owner sees the fleet's 2 references",
+        Duration::from_secs(60),
+        every_owner_sees(2),
+    )
+    .await;
+    for w in on_a.into_iter().chain(on_b) {
+        w.abort();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_owner_is_fenced_off() {
     let cluster = TestCluster::start().await;

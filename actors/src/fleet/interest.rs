@@ -1,42 +1,62 @@
-//! Fleet-wide interest on the wire: each replica publishes its refcount per key on
-//! `<prefix>.interest.<replica>` and hears the others'; and, apart, the names its
-//! coalesced namespace keys serve (`core::coalesce` counts names fleet-wide, and those
-//! must not keep a name key's owner watching it). The Registry owns the table
-//! (`core::interest`) beside its own refcounts; this module only carries messages.
+//! Fleet-wide interest on the wire: each replica publishes its refcount per key, and
+//! apart the names its covering keys serve (`core::coalesce` counts names fleet-wide,
+//! and those must not keep a name key's owner watching it), on
+//! `<prefix>.interest.<replica>`, and hears the others'. The Registry owns the table
+//! (`core::interest`) and decides what to send (`core::interest::outbox`, a full table
+//! once, then changes); this module only carries messages, in order.
 
 use actix::{Message, Recipient};
 use async_nats::Client;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
 
 use std::sync::Arc;
 
 use super::codec;
+use crate::core::interest::sync::{Batch, Part};
 use crate::core::sign::{Signer, Verifier};
 use crate::core::subject::Subjects;
 use crate::metrics as m;
 
-/// One replica's refcounts, as heard on NATS (for the Registry).
+/// One message of another replica's interest, as heard on NATS (for the Registry).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub struct RemoteInterest {
     pub replica: String,
-    pub keys: Vec<(String, u64)>,
-    pub covered: Vec<(String, u64)>,
+    pub batch: Batch,
+    /// The replicas whose full table the sender needs.
+    pub resync: Vec<String>,
 }
 
+/// The body of an interest message (`docs/nats.md`).
 #[derive(Serialize, Deserialize)]
 struct InterestMsg {
     replica: String,
-    /// `[token, refcount]` pairs; a replica may split its keys over several messages.
+    /// The sender's incarnation, drawn at start.
+    epoch: u64,
+    /// The message's number within the incarnation: one more than the last.
+    seq: u64,
+    /// `[part, of]`: this message is part of the sender's full table; absent: what
+    /// changed since its last message (a count of 0 withdraws a record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    full: Option<(u32, u32)>,
+    /// `[token, refcount]` pairs.
+    #[serde(default)]
     keys: Vec<(String, u64)>,
-    /// `[token, refcount]` of the names a covering key serves on the replica (older
-    /// replicas send none).
+    /// `[token, refcount]` of the names a covering key serves on the replica.
     #[serde(default)]
     covered: Vec<(String, u64)>,
+    /// Replicas whose full table the sender needs (it missed one of their messages).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    resync: Vec<String>,
 }
 
-/// Publishes this replica's refcounts and forwards the others' to the Registry.
+/// How many intervals' messages may wait to be published: past that an interval's are
+/// dropped (counted), and the peers, seeing a number skipped, ask for the table again.
+const QUEUED: usize = 4;
+
+/// Publishes this replica's interest and forwards the others' to the Registry.
 #[derive(Clone)]
 pub struct Gossip {
     client: Client,
@@ -45,6 +65,21 @@ pub struct Gossip {
     /// Where the fleet signs: interest is signed, and only signed interest is heard (a
     /// forged refcount would keep a key's upstream watch alive).
     signing: Option<(Arc<Signer>, Arc<Verifier>)>,
+}
+
+/// The queue to this replica's publishing task: one interval's messages per item, sent
+/// in order (the receivers number them).
+pub struct Publisher {
+    queue: mpsc::Sender<(Vec<Batch>, Vec<String>)>,
+}
+
+impl Publisher {
+    /// Queues one interval's messages; `resync` goes with the first.
+    pub fn send(&self, batches: Vec<Batch>, resync: Vec<String>) {
+        if self.queue.try_send((batches, resync)).is_err() {
+            metrics::counter!(m::FLEET_INTEREST_DROPPED).increment(1);
+        }
+    }
 }
 
 impl Gossip {
@@ -66,38 +101,49 @@ impl Gossip {
         &self.replica
     }
 
-    /// Publishes refcounts and covered names, in batches well under any `max_payload`.
-    pub async fn publish(&self, keys: Vec<(String, u64)>, covered: Vec<(String, u64)>) {
-        let batches = keys
-            .chunks(2_000)
-            .map(|b| (b.to_vec(), Vec::new()))
-            .chain(covered.chunks(2_000).map(|b| (Vec::new(), b.to_vec())));
-        for (keys, covered) in batches {
-            let msg = InterestMsg {
-                replica: self.replica.clone(),
-                keys,
-                covered,
-            };
-            let Ok(body) = serde_json::to_vec(&msg) else {
-                continue;
-            };
-            let subject = self.subjects.interest(&self.replica);
-            let signer = self.signing.as_ref().map(|(s, _)| &**s);
-            let sent = match codec::control_headers(signer, &subject, &body) {
-                Some(h) => {
-                    self.client
-                        .publish_with_headers(subject, h, body.into())
-                        .await
+    /// Starts the task that publishes what the [`Publisher`] queues, in order.
+    pub fn spawn_publisher(&self) -> Publisher {
+        let (queue, mut rx) = mpsc::channel::<(Vec<Batch>, Vec<String>)>(QUEUED);
+        let me = self.clone();
+        actix::spawn(async move {
+            while let Some((batches, mut resync)) = rx.recv().await {
+                for batch in batches {
+                    me.publish(batch, std::mem::take(&mut resync)).await;
                 }
-                None => self.client.publish(subject, body.into()).await,
-            };
-            if sent.is_ok() {
-                metrics::counter!(m::NATS_OUT).increment(1);
             }
+        });
+        Publisher { queue }
+    }
+
+    async fn publish(&self, batch: Batch, resync: Vec<String>) {
+        let msg = InterestMsg {
+            replica: self.replica.clone(),
+            epoch: batch.epoch,
+            seq: batch.seq,
+            full: batch.full.map(|p| (p.index, p.of)),
+            keys: batch.refs,
+            covered: batch.covered,
+            resync,
+        };
+        let Ok(body) = serde_json::to_vec(&msg) else {
+            return;
+        };
+        let subject = self.subjects.interest(&self.replica);
+        let signer = self.signing.as_ref().map(|(s, _)| &**s);
+        let sent = match codec::control_headers(signer, &subject, &body) {
+            Some(h) => {
+                self.client
+                    .publish_with_headers(subject, h, body.into())
+                    .await
+            }
+            None => self.client.publish(subject, body.into()).await,
+        };
+        if sent.is_ok() {
+            metrics::counter!(m::NATS_OUT).increment(1);
         }
     }
 
-    /// Sends every other replica's refcounts to `to` until the connection or `to` is gone.
+    /// Sends every other replica's interest to `to` until the connection or `to` is gone.
     pub fn spawn_follow(&self, to: Recipient<RemoteInterest>) {
         let me = self.clone();
         actix::spawn(async move {
@@ -116,6 +162,8 @@ impl Gossip {
                     continue;
                 }
                 let Ok(im) = serde_json::from_slice::<InterestMsg>(&msg.payload) else {
+                    // Also the format of kcache before interest was sent as changes (no
+                    // epoch or seq): a fleet runs one version (docs/operations.md).
                     metrics::counter!(m::FLEET_BAD_MESSAGES).increment(1);
                     continue;
                 };
@@ -124,11 +172,17 @@ impl Gossip {
                 }
                 let remote = RemoteInterest {
                     replica: im.replica,
-                    keys: im.keys,
-                    covered: im.covered,
+                    batch: Batch {
+                        epoch: im.epoch,
+                        seq: im.seq,
+                        full: im.full.map(|(index, of)| Part { index, of }),
+                        refs: im.keys,
+                        covered: im.covered,
+                    },
+                    resync: im.resync,
                 };
-                // One message per replica and interval: the Registry's mailbox cannot grow
-                // past that, and a dropped one would expire a replica's interest.
+                // A few messages per replica and interval (a full table's parts when one
+                // joins): the Registry's mailbox cannot grow past that.
                 if !to.connected() {
                     return;
                 }

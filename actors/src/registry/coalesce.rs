@@ -21,7 +21,7 @@ use crate::core::cover::KeyState;
 use crate::core::holds::OnHold;
 use crate::core::key::{Key, Scope};
 use crate::core::refs::Released;
-use crate::core::subject::{key_token, member_token_prefix};
+use crate::core::subject::key_token;
 use crate::metrics as m;
 
 /// How often the registry looks at its namespaces.
@@ -239,21 +239,17 @@ impl Registry {
         }
         let now = self.now_ms();
         let names = self.watched_names();
-        let mut fleet_names = self.fleet.as_ref().map(|f| f.names_by_group());
+        if let Some(f) = &mut self.fleet {
+            f.expire();
+        }
         let mut groups: HashSet<Key> = names.keys().cloned().collect();
         groups.extend(self.coalescing.keys().cloned());
         let mut saved = 0;
         for ns_key in groups {
             // In a fleet every replica counts the fleet's names, so all reach the same
             // decision; a replica moves only its own watchers.
-            let watched = match &mut fleet_names {
-                Some(fleet) => {
-                    let mut all = fleet
-                        .remove(&member_token_prefix(&ns_key))
-                        .unwrap_or_default();
-                    all.extend(names.get(&ns_key).into_iter().flatten().map(key_token));
-                    all.len()
-                }
+            let watched = match &self.fleet {
+                Some(fleet) => fleet.names_watched(&ns_key, names.get(&ns_key)),
                 None => names.get(&ns_key).map_or(0, HashSet::len),
             };
             // A running, synced namespace key knows its count.

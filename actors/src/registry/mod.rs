@@ -23,12 +23,15 @@ use crate::cached_object::{CachedObject, Drain, Stop};
 use crate::config::CacheConfig;
 use crate::core::cover::{self, KeyState};
 use crate::core::holds::{Holds, OnHold, OnTimer};
-use crate::core::interest::Interest;
+use crate::core::interest::outbox::Outbox;
+use crate::core::interest::sync::Peers;
+use crate::core::interest::{Interest, Kind};
 use crate::core::key::Key;
 use crate::core::refs::{Grace, Limits, Refs, Released};
 use crate::core::subject::key_token;
 use crate::feed::{KeyStatus, RoleKind, SourceFactory};
-use crate::fleet::interest::{Gossip, RemoteInterest};
+use crate::fleet::interest::{Gossip, Publisher, RemoteInterest};
+use crate::metrics as m;
 use crate::watch_feed::KeyLink;
 
 pub use crate::core::refs::Error;
@@ -73,11 +76,21 @@ pub struct Registry {
 
 struct FleetInterest {
     gossip: Gossip,
+    /// The queue to the publishing task (started with the Registry).
+    publisher: Option<Publisher>,
     interval: Duration,
+    /// Every replica's references and covered names, this one's included.
     table: Interest,
-    /// Names served by covering keys, per replica: counted by coalescing, never by
-    /// ownership (a covered name must not keep its name key's owner watching it).
-    covered: Interest,
+    /// Where this replica stands with each other replica's messages.
+    peers: Peers,
+    /// What this replica sent, and whether its next message is its full table.
+    outbox: Outbox,
+    /// Why the full table is due (`metrics::INTEREST_FULL_REASONS`).
+    full_reason: &'static str,
+    /// A publish ahead of the interval is scheduled (a peer needs the full table).
+    publish_soon: bool,
+    /// When the last full table went out (ms).
+    last_full_ms: Option<u64>,
     started: std::time::Instant,
 }
 
@@ -86,45 +99,53 @@ impl FleetInterest {
         self.started.elapsed().as_millis() as u64
     }
 
-    /// Records are refreshed every interval and expire after three.
+    /// A replica is heard every interval; its records count for three.
     fn ttl_ms(&self) -> u64 {
         3 * self.interval.as_millis() as u64
     }
 
     /// The refcount other replicas hold on a key.
     fn others(&self, token: &str) -> u64 {
+        let (now, ttl) = (self.now_ms(), self.ttl_ms());
         self.table
-            .others(token, self.gossip.replica(), self.now_ms(), self.ttl_ms())
+            .others(Kind::Refs, token, self.gossip.replica(), now, ttl)
     }
 
-    /// The small keys (names of a namespace, nodes) watched anywhere in the fleet, as
-    /// tokens, by their group's member prefix (`subject::member_token_prefix` of the big
-    /// key): keys with references and those covering keys serve. One pass over the
-    /// fleet's tokens per coalescing check, however many groups there are.
-    fn names_by_group(&self) -> HashMap<String, HashSet<String>> {
+    /// How many distinct names (or nodes) of the group a big key coalesces are watched
+    /// in the fleet: those the fleet's records name (with references or served by
+    /// covering keys), and `local`'s not among them (asked since this replica last
+    /// published). Run [`FleetInterest::expire`] first.
+    fn names_watched(&self, big: &Key, local: Option<&HashSet<Key>>) -> usize {
+        let group = crate::core::subject::member_token_prefix(big);
+        let fleet = self.table.group_len(&group);
+        let new = local
+            .into_iter()
+            .flatten()
+            .filter(|k| !self.table.in_group(&group, &key_token(k)))
+            .count();
+        fleet + new
+    }
+
+    /// Forgets the replicas not heard for a TTL, and their records.
+    fn expire(&mut self) {
         let (now, ttl) = (self.now_ms(), self.ttl_ms());
-        let mut groups: HashMap<String, HashSet<String>> = HashMap::new();
-        let tokens = self.table.live_tokens(now, ttl);
-        for t in tokens.chain(self.covered.live_tokens(now, ttl)) {
-            if let Some(g) = crate::core::subject::member_group(t) {
-                groups
-                    .entry(g.to_string())
-                    .or_default()
-                    .insert(t.to_string());
-            }
+        for gone in self.table.expire(now, ttl) {
+            tracing::info!(replica = %gone, "fleet interest: a replica not heard for {ttl} ms; its references no longer count");
+            self.peers.forget(&gone);
         }
-        groups
     }
 
     /// How many requests of a small key other replicas serve from a covering key.
     fn covered_elsewhere(&self, token: &str) -> u64 {
-        self.covered
-            .others(token, self.gossip.replica(), self.now_ms(), self.ttl_ms())
+        let (now, ttl) = (self.now_ms(), self.ttl_ms());
+        self.table
+            .others(Kind::Covered, token, self.gossip.replica(), now, ttl)
     }
 
     /// The fleet's refcount of a key.
     fn total(&self, token: &str) -> u64 {
-        self.table.total(token, self.now_ms(), self.ttl_ms())
+        self.table
+            .total(Kind::Refs, token, self.now_ms(), self.ttl_ms())
     }
 }
 
@@ -153,43 +174,82 @@ impl Registry {
     pub fn with_fleet(mut self, gossip: Gossip, interval: Duration) -> Self {
         self.fleet = Some(FleetInterest {
             gossip,
+            publisher: None,
             interval,
             table: Interest::default(),
-            covered: Interest::default(),
+            peers: Peers::default(),
+            outbox: Outbox::new(rand::random()),
+            full_reason: "start",
+            publish_soon: false,
+            last_full_ms: None,
             started: std::time::Instant::now(),
         });
         self
     }
 
-    /// Publishes every key's refcount (0 during the grace period withdraws it), records
-    /// it as this replica's, and expires the records of replicas gone silent.
+    /// Publishes what changed in this replica's refcounts and covered names since its
+    /// last message (its full table when one is due), records it as this replica's, and
+    /// forgets the replicas gone silent. With it go the names of the replicas whose full
+    /// table this one needs.
     fn publish_interest(&mut self) {
         let Some(fleet) = &mut self.fleet else {
             return;
         };
-        let keys: Vec<(String, u64)> = self
+        let refs: HashMap<String, u64> = self
             .keys
             .values()
             .map(|e| (e.value.token.clone(), e.refs as u64))
             .collect();
-        let covered: Vec<(String, u64)> = self
-            .keys
-            .values()
-            .flat_map(|e| e.covering.iter())
-            .filter(|(k, n)| **n > 0 && coalesce::group_key(k).is_some())
-            .map(|(k, n)| (key_token(k), *n as u64))
-            .collect();
-        let (now, ttl) = (fleet.now_ms(), fleet.ttl_ms());
-        for (t, n) in &keys {
-            fleet.table.record(fleet.gossip.replica(), t, *n, now);
+        let mut covered: HashMap<String, u64> = HashMap::new();
+        for (k, n) in self.keys.values().flat_map(|e| e.covering.iter()) {
+            if *n > 0 && coalesce::group_key(k).is_some() {
+                *covered.entry(key_token(k)).or_default() += *n as u64;
+            }
         }
-        for (t, n) in &covered {
-            fleet.covered.record(fleet.gossip.replica(), t, *n, now);
+        let now = fleet.now_ms();
+        if fleet.outbox.full_due() {
+            metrics::counter!(m::FLEET_INTEREST_FULL, "reason" => fleet.full_reason).increment(1);
+            fleet.last_full_ms = Some(now);
         }
-        fleet.table.expire(now, ttl);
-        fleet.covered.expire(now, ttl);
-        let gossip = fleet.gossip.clone();
-        actix::spawn(async move { gossip.publish(keys, covered).await });
+        let sending = fleet.outbox.next(refs, covered);
+        let me = fleet.gossip.replica().to_string();
+        fleet.table.heard(&me, now);
+        for (kind, token, n) in &sending.changes {
+            fleet.table.record(*kind, &me, token, *n);
+        }
+        fleet.expire();
+        let resync: Vec<String> = fleet.peers.behind().map(str::to_string).collect();
+        if let Some(p) = &fleet.publisher {
+            p.send(sending.batches, resync);
+        }
+    }
+
+    /// Publishes the full table a peer needs soon rather than at the next interval (a
+    /// replica joining is ready 1.2 intervals after it starts: by then it must have every
+    /// peer's table), unless a full table went out less than an interval ago: a peer's
+    /// asks cost the fleet at most about one table per interval.
+    fn publish_full_soon(&mut self, reason: &'static str, ctx: &mut Context<Self>) {
+        let Some(fleet) = &mut self.fleet else {
+            return;
+        };
+        if !fleet.outbox.full_due() {
+            fleet.full_reason = reason;
+        }
+        fleet.outbox.send_full();
+        let interval = fleet.interval.as_millis() as u64;
+        let recent = fleet
+            .last_full_ms
+            .is_some_and(|at| fleet.now_ms().saturating_sub(at) < interval);
+        if fleet.publish_soon || recent {
+            return;
+        }
+        fleet.publish_soon = true;
+        ctx.run_later(soon(fleet.interval), |act, _| {
+            if let Some(f) = &mut act.fleet {
+                f.publish_soon = false;
+            }
+            act.publish_interest();
+        });
     }
 
     /// Stops a key whose grace period ran out, unless the fleet still needs it: an owner
@@ -432,8 +492,12 @@ impl Actor for Registry {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        if let Some(fleet) = &self.fleet {
+        if let Some(fleet) = &mut self.fleet {
             fleet.gossip.spawn_follow(ctx.address().recipient());
+            fleet.publisher = Some(fleet.gossip.spawn_publisher());
+            // The first message (the full table) goes out at once: the peers answer
+            // with theirs, and a replica joining knows the fleet before it is ready.
+            ctx.run_later(soon(fleet.interval), |act, _| act.publish_interest());
             ctx.run_interval(fleet.interval, |act, _| act.publish_interest());
         }
         ctx.run_interval(coalesce::CHECK_EVERY, |act, ctx| act.check_coalescing(ctx));
@@ -510,6 +574,12 @@ pub struct Want {
 
 /// How often expired subscriber interest is released.
 const WANTS_EXPIRE_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a publish ahead of the interval waits: the asks of peers heard together (a
+/// fleet answering a replica that joined) go out as one full table.
+fn soon(interval: Duration) -> Duration {
+    (interval / 10).min(Duration::from_millis(50))
+}
 
 /// Take a reference held for `duration`: gets and lists keep their key (or the key that
 /// covers it) cached for the grace period so repeated reads hit the cache.
@@ -617,15 +687,24 @@ pub struct FleetKeyInfo {
 impl Handler<RemoteInterest> for Registry {
     type Result = ();
 
-    fn handle(&mut self, msg: RemoteInterest, _ctx: &mut Self::Context) {
-        if let Some(fleet) = &mut self.fleet {
-            let now = fleet.now_ms();
-            for (t, n) in msg.keys {
-                fleet.table.record(&msg.replica, &t, n, now);
-            }
-            for (t, n) in msg.covered {
-                fleet.covered.record(&msg.replica, &t, n, now);
-            }
+    fn handle(&mut self, msg: RemoteInterest, ctx: &mut Self::Context) {
+        let Some(fleet) = &mut self.fleet else {
+            return;
+        };
+        let now = fleet.now_ms();
+        let was_behind = fleet.peers.behind().any(|r| r == msg.replica);
+        let heard = fleet
+            .peers
+            .receive(&mut fleet.table, &msg.replica, msg.batch, now);
+        if heard.ask_full && !was_behind && !heard.send_full {
+            metrics::counter!(m::FLEET_INTEREST_BEHIND).increment(1);
+            tracing::debug!(replica = %msg.replica, "fleet interest: missed a message; asking for the table again");
+        }
+        let me = fleet.gossip.replica();
+        if heard.send_full {
+            self.publish_full_soon("new-peer", ctx);
+        } else if msg.resync.iter().any(|r| r == me) {
+            self.publish_full_soon("asked", ctx);
         }
     }
 }
