@@ -5,8 +5,10 @@
 //! its grace period, unless a reference came back meanwhile or the caller keeps it (a
 //! fleet owner other replicas still need). The Registry actor keeps each key's actor and
 //! status beside its count (`T`) and carries out the starts and stops this table names.
+//! In a fleet it also says which counts changed since it was last asked
+//! ([`Refs::take_changes`]): the fleet hears only those.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use thiserror::Error;
 
@@ -73,6 +75,18 @@ pub struct Refs<T> {
     limits: Limits,
     entries: HashMap<Key, Entry<T>>,
     by_user: HashMap<String, usize>,
+    /// Requests of each asked key that other keys serve: the sum of their `covering`.
+    covered: HashMap<Key, usize>,
+    /// With [`Refs::track_changes`]: the keys whose `refs`, and the asked keys whose
+    /// covered count, changed since [`Refs::take_changes`].
+    changes: Option<(HashSet<Key>, HashSet<Key>)>,
+}
+
+/// The counts that changed since they were last taken, as they are now (0: gone).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub refs: Vec<(Key, usize)>,
+    pub covered: Vec<(Key, usize)>,
 }
 
 impl<T> Refs<T> {
@@ -81,6 +95,67 @@ impl<T> Refs<T> {
             limits,
             entries: HashMap::new(),
             by_user: HashMap::new(),
+            covered: HashMap::new(),
+            changes: None,
+        }
+    }
+
+    /// Remembers which counts change from now on, for [`Refs::take_changes`] (a fleet
+    /// replica: without one nobody takes them, and they are not kept).
+    pub fn track_changes(&mut self) {
+        self.changes.get_or_insert_with(Default::default);
+    }
+
+    /// The counts changed since the last call, as they are now: each key's references,
+    /// and each asked key's requests that other keys serve.
+    pub fn take_changes(&mut self) -> Changes {
+        let Some((refs, covered)) = &mut self.changes else {
+            return Changes::default();
+        };
+        let (refs, covered) = (std::mem::take(refs), std::mem::take(covered));
+        Changes {
+            refs: refs
+                .into_iter()
+                .map(|k| {
+                    let n = self.entries.get(&k).map_or(0, |e| e.refs);
+                    (k, n)
+                })
+                .collect(),
+            covered: covered
+                .into_iter()
+                .map(|k| {
+                    let n = self.covered.get(&k).copied().unwrap_or(0);
+                    (k, n)
+                })
+                .collect(),
+        }
+    }
+
+    /// Every asked key's requests that other keys serve (a full table of the fleet's).
+    pub fn covered_counts(&self) -> impl Iterator<Item = (&Key, usize)> {
+        self.covered.iter().map(|(k, n)| (k, *n))
+    }
+
+    fn changed(&mut self, key: &Key, covered: Option<&Key>) {
+        if let Some((refs, asked)) = &mut self.changes {
+            if !refs.contains(key) {
+                refs.insert(key.clone());
+            }
+            if let Some(a) = covered.filter(|a| !asked.contains(*a)) {
+                asked.insert(a.clone());
+            }
+        }
+    }
+
+    /// Adds (`up`) or takes `by` requests of `asked` served by another key.
+    fn count_covered(&mut self, asked: &Key, by: usize, up: bool) {
+        if up {
+            *self.covered.entry(asked.clone()).or_default() += by;
+        } else if let Some(n) = self.covered.get_mut(asked) {
+            *n = n.saturating_sub(by);
+            if *n == 0 {
+                self.covered.remove(asked);
+            }
         }
     }
 
@@ -160,6 +235,11 @@ impl<T> Refs<T> {
     }
 
     fn reference(&mut self, key: &Key, asked: &Key, start: impl FnOnce() -> T) -> &mut Entry<T> {
+        let covered = (asked != key).then_some(asked);
+        if let Some(asked) = covered {
+            self.count_covered(asked, 1, true);
+        }
+        self.changed(key, covered);
         let e = self.entries.entry(key.clone()).or_insert_with(|| Entry {
             value: start(),
             refs: 0,
@@ -182,21 +262,29 @@ impl<T> Refs<T> {
             return Released::Unknown;
         };
         e.refs = e.refs.saturating_sub(1);
+        let mut covered = None;
         if asked != held {
             if let Some(n) = e.covering.get_mut(asked) {
                 *n = n.saturating_sub(1);
                 if *n == 0 {
                     e.covering.remove(asked);
                 }
+                covered = Some(asked);
             }
         }
-        if e.refs > 0 {
-            return Released::Held;
+        let released = if e.refs > 0 {
+            Released::Held
+        } else {
+            e.generation += 1;
+            Released::Idle {
+                generation: e.generation,
+            }
+        };
+        if let Some(asked) = covered {
+            self.count_covered(asked, 1, false);
         }
-        e.generation += 1;
-        Released::Idle {
-            generation: e.generation,
-        }
+        self.changed(held, covered);
+        released
     }
 
     /// `key`, idle since `generation`, may stop (its grace period is over, or the caller
@@ -226,6 +314,11 @@ impl<T> Refs<T> {
     /// given back.
     pub fn remove(&mut self, key: &Key) -> Option<T> {
         let e = self.entries.remove(key)?;
+        for (asked, n) in &e.covering {
+            self.count_covered(asked, *n, false);
+            self.changed(key, Some(asked));
+        }
+        self.changed(key, None);
         if let Some(user) = &e.creator {
             if let Some(n) = self.by_user.get_mut(user) {
                 *n = n.saturating_sub(1);
@@ -240,6 +333,7 @@ impl<T> Refs<T> {
     /// Every key out of the table (shutdown).
     pub fn drain(&mut self) -> impl Iterator<Item = (Key, T)> + '_ {
         self.by_user.clear();
+        self.covered.clear();
         self.entries.drain().map(|(k, e)| (k, e.value))
     }
 }
@@ -316,6 +410,55 @@ mod tests {
             });
         }
         out
+    }
+
+    /// `take_changes`, sorted and as text.
+    fn changes(refs: &mut Refs<u32>) -> (Vec<String>, Vec<String>) {
+        let c = refs.take_changes();
+        let text = |v: Vec<(Key, usize)>| {
+            let mut v: Vec<String> = v.into_iter().map(|(k, n)| format!("{k}={n}")).collect();
+            v.sort();
+            v
+        };
+        (text(c.refs), text(c.covered))
+    }
+
+    #[test]
+    fn changes_name_the_counts_that_moved_as_they_are_now() {
+        let mut refs: Refs<u32> = Refs::new(Limits::default());
+        refs.acquire(&name("a"), &name("a"), || 1);
+        // Not tracked before it is asked for (a replica outside a fleet).
+        assert_eq!(refs.take_changes(), Changes::default());
+        refs.track_changes();
+        let (a, b, n) = (name("a"), name("b"), ns());
+        refs.acquire(&n, &b, || 2);
+        refs.acquire(&n, &b, || 2);
+        refs.acquire(&a, &a, || 1);
+        let (ks, kn, kb) = (a.to_string(), n.to_string(), b.to_string());
+        assert_eq!(
+            changes(&mut refs),
+            (
+                vec![format!("{ks}=2"), format!("{kn}=2")],
+                vec![format!("{kb}=2")]
+            )
+        );
+        // Taken: nothing until a count moves again.
+        assert_eq!(changes(&mut refs), (vec![], vec![]));
+        refs.release(&n, &b);
+        assert_eq!(
+            changes(&mut refs),
+            (vec![format!("{kn}=1")], vec![format!("{kb}=1")])
+        );
+        // A key taken out with its references: all it served goes with it.
+        refs.remove(&n);
+        assert_eq!(
+            changes(&mut refs),
+            (vec![format!("{kn}=0")], vec![format!("{kb}=0")])
+        );
+        assert_eq!(refs.covered_counts().count(), 0);
+        // A release of what was never served changes no covered count.
+        refs.release(&a, &b);
+        assert_eq!(changes(&mut refs), (vec![format!("{ks}=1")], vec![]));
     }
 
     #[test]

@@ -239,6 +239,7 @@ impl Registry {
         }
         let now = self.now_ms();
         let names = self.watched_names();
+        self.sync_own_interest();
         if let Some(f) = &mut self.fleet {
             f.expire();
         }
@@ -249,7 +250,7 @@ impl Registry {
             // In a fleet every replica counts the fleet's names, so all reach the same
             // decision; a replica moves only its own watchers.
             let watched = match &self.fleet {
-                Some(fleet) => fleet.names_watched(&ns_key, names.get(&ns_key)),
+                Some(fleet) => fleet.names_watched(&ns_key),
                 None => names.get(&ns_key).map_or(0, HashSet::len),
             };
             // A running, synced namespace key knows its count.

@@ -112,18 +112,12 @@ impl FleetInterest {
     }
 
     /// How many distinct names (or nodes) of the group a big key coalesces are watched
-    /// in the fleet: those the fleet's records name (with references or served by
-    /// covering keys), and `local`'s not among them (asked since this replica last
-    /// published). Run [`FleetInterest::expire`] first.
-    fn names_watched(&self, big: &Key, local: Option<&HashSet<Key>>) -> usize {
+    /// in the fleet: those the fleet's records name, with references or served by
+    /// covering keys. Run [`Registry::sync_own_interest`] and [`FleetInterest::expire`]
+    /// first, so this replica's own are as they are now.
+    fn names_watched(&self, big: &Key) -> usize {
         let group = crate::core::subject::member_token_prefix(big);
-        let fleet = self.table.group_len(&group);
-        let new = local
-            .into_iter()
-            .flatten()
-            .filter(|k| !self.table.in_group(&group, &key_token(k)))
-            .count();
-        fleet + new
+        self.table.group_len(&group)
     }
 
     /// Forgets the replicas not heard for a TTL, and their records.
@@ -172,6 +166,7 @@ impl Registry {
     /// A replica in a fleet: publishes its refcounts every `interval`, hears the
     /// others', and keeps owned keys while other replicas still hold references.
     pub fn with_fleet(mut self, gossip: Gossip, interval: Duration) -> Self {
+        self.keys.track_changes();
         self.fleet = Some(FleetInterest {
             gossip,
             publisher: None,
@@ -187,40 +182,59 @@ impl Registry {
         self
     }
 
-    /// Publishes what changed in this replica's refcounts and covered names since its
-    /// last message (its full table when one is due), records it as this replica's, and
-    /// forgets the replicas gone silent. With it go the names of the replicas whose full
-    /// table this one needs.
-    fn publish_interest(&mut self) {
+    /// Records this replica's counts that changed since it last looked (`Refs`
+    /// names them) as its own in the fleet's table, and queues them for its next message.
+    fn sync_own_interest(&mut self) {
         let Some(fleet) = &mut self.fleet else {
             return;
         };
-        let refs: HashMap<String, u64> = self
-            .keys
-            .values()
-            .map(|e| (e.value.token.clone(), e.refs as u64))
-            .collect();
-        let mut covered: HashMap<String, u64> = HashMap::new();
-        for (k, n) in self.keys.values().flat_map(|e| e.covering.iter()) {
-            if *n > 0 && coalesce::group_key(k).is_some() {
-                *covered.entry(key_token(k)).or_default() += *n as u64;
-            }
+        let changes = self.keys.take_changes();
+        let me = fleet.gossip.replica().to_string();
+        let refs = changes.refs.into_iter().map(|(k, n)| (Kind::Refs, k, n));
+        // Only names and nodes travel as covered: what coalescing counts.
+        let covered = changes
+            .covered
+            .into_iter()
+            .filter(|(k, _)| coalesce::group_key(k).is_some())
+            .map(|(k, n)| (Kind::Covered, k, n));
+        for (kind, key, n) in refs.chain(covered) {
+            let token = key_token(&key);
+            fleet.table.record(kind, &me, &token, n as u64);
+            fleet.outbox.changed(kind, token, n as u64);
         }
+    }
+
+    /// Publishes what changed in this replica's refcounts and covered names since its
+    /// last message (its full table when one is due), and forgets the replicas gone
+    /// silent. With it go the names of the replicas whose full table this one needs.
+    fn publish_interest(&mut self) {
+        self.sync_own_interest();
+        let Some(fleet) = &mut self.fleet else {
+            return;
+        };
         let now = fleet.now_ms();
         if fleet.outbox.full_due() {
             metrics::counter!(m::FLEET_INTEREST_FULL, "reason" => fleet.full_reason).increment(1);
             fleet.last_full_ms = Some(now);
         }
-        let sending = fleet.outbox.next(refs, covered);
+        let keys = &self.keys;
+        let table = || {
+            let refs = keys
+                .values()
+                .map(|e| (Kind::Refs, e.value.token.clone(), e.refs as u64));
+            let covered = keys
+                .covered_counts()
+                .filter(|(k, _)| coalesce::group_key(k).is_some())
+                .map(|(k, n)| (Kind::Covered, key_token(k), n as u64));
+            refs.chain(covered).collect()
+        };
+        let batches = fleet.outbox.next(table);
         let me = fleet.gossip.replica().to_string();
         fleet.table.heard(&me, now);
-        for (kind, token, n) in &sending.changes {
-            fleet.table.record(*kind, &me, token, *n);
-        }
         fleet.expire();
         let resync: Vec<String> = fleet.peers.behind().map(str::to_string).collect();
         if let Some(p) = &fleet.publisher {
-            p.send(sending.batches, resync);
+            p.send(batches, resync);
         }
     }
 

@@ -1,11 +1,11 @@
 //! Sending this replica's interest: its table once in full, then what changed.
 //!
-//! Every interval the registry hands over its counts as they are now; the outbox
-//! compares them with what it last sent and makes the messages: a full table (in parts)
-//! when one is due — the first message of an incarnation, or a peer asked — otherwise
-//! the tokens whose count changed (0: withdrawn), and an empty message when none did, so
-//! the replica is still heard. What it costs the fleet per interval is then the changes,
-//! not the names watched.
+//! The registry hands over each count of its own that changed (`core::refs` names them);
+//! every interval the outbox makes the messages: the full table (in numbered parts) when
+//! one is due — the first message of an incarnation, or a peer asked — otherwise the
+//! counts changed since the last message (0: withdrawn), the latest of each, and an
+//! empty message when none did, so the replica is still heard. What interest costs the
+//! fleet per interval is then the changes, not the names watched.
 
 use std::collections::HashMap;
 
@@ -20,16 +20,9 @@ pub const PER_MESSAGE: usize = 2_000;
 pub struct Outbox {
     epoch: u64,
     seq: u64,
-    sent_refs: HashMap<String, u64>,
-    sent_covered: HashMap<String, u64>,
+    /// Counts changed since the last message, the latest of each.
+    pending: HashMap<(Kind, String), u64>,
     full_due: bool,
-}
-
-/// What one interval sends, and what changed in this replica's own records.
-#[derive(Debug, Default, PartialEq)]
-pub struct Sending {
-    pub batches: Vec<Batch>,
-    pub changes: Vec<(Kind, String, u64)>,
 }
 
 impl Outbox {
@@ -39,8 +32,7 @@ impl Outbox {
         Outbox {
             epoch,
             seq: 0,
-            sent_refs: HashMap::new(),
-            sent_covered: HashMap::new(),
+            pending: HashMap::new(),
             full_due: true,
         }
     }
@@ -54,27 +46,24 @@ impl Outbox {
         self.full_due
     }
 
-    /// The messages for this interval, given the counts now (zeros count as absent).
-    pub fn next(&mut self, refs: HashMap<String, u64>, covered: HashMap<String, u64>) -> Sending {
-        let mut refs = refs;
-        let mut covered = covered;
-        refs.retain(|_, n| *n > 0);
-        covered.retain(|_, n| *n > 0);
-        let changes: Vec<(Kind, String, u64)> = changed(Kind::Refs, &self.sent_refs, &refs)
-            .chain(changed(Kind::Covered, &self.sent_covered, &covered))
-            .collect();
-        let records: Vec<(Kind, String, u64)> = if self.full_due {
-            let all = refs.iter().map(|(t, n)| (Kind::Refs, t, n));
-            all.chain(covered.iter().map(|(t, n)| (Kind::Covered, t, n)))
-                .map(|(k, t, n)| (k, t.clone(), *n))
-                .collect()
-        } else {
-            changes.clone()
-        };
+    /// One of this replica's counts is now `n` (0: none): it goes with the next message.
+    pub fn changed(&mut self, kind: Kind, token: String, n: u64) {
+        self.pending.insert((kind, token), n);
+    }
+
+    /// This interval's messages: the full table when one is due (`table` is asked for it
+    /// then only: every count above 0), else the changes.
+    pub fn next(&mut self, table: impl FnOnce() -> Vec<(Kind, String, u64)>) -> Vec<Batch> {
+        let pending = std::mem::take(&mut self.pending);
         let full = std::mem::take(&mut self.full_due);
+        let records: Vec<(Kind, String, u64)> = if full {
+            table().into_iter().filter(|(_, _, n)| *n > 0).collect()
+        } else {
+            pending.into_iter().map(|((k, t), n)| (k, t, n)).collect()
+        };
         let parts = records.len().div_ceil(PER_MESSAGE).max(1);
         let mut chunks = records.chunks(PER_MESSAGE);
-        let batches = (0..parts)
+        (0..parts)
             .map(|index| {
                 let mut batch = Batch {
                     epoch: self.epoch,
@@ -94,28 +83,8 @@ impl Outbox {
                 }
                 batch
             })
-            .collect();
-        self.sent_refs = refs;
-        self.sent_covered = covered;
-        Sending { batches, changes }
+            .collect()
     }
-}
-
-/// The tokens whose count differs between `sent` and `now` (0: gone), of `kind`.
-fn changed<'a>(
-    kind: Kind,
-    sent: &'a HashMap<String, u64>,
-    now: &'a HashMap<String, u64>,
-) -> impl Iterator<Item = (Kind, String, u64)> + 'a {
-    let new = now
-        .iter()
-        .filter(|(t, n)| sent.get(*t) != Some(n))
-        .map(move |(t, n)| (kind, t.clone(), *n));
-    let gone = sent
-        .keys()
-        .filter(|t| !now.contains_key(*t))
-        .map(move |t| (kind, t.clone(), 0));
-    new.chain(gone)
 }
 
 #[cfg(test)]
@@ -123,82 +92,90 @@ mod tests {
     use super::super::sync::Peers;
     use super::super::Interest;
     use super::*;
+    use Kind::{Covered, Refs};
 
-    fn counts(pairs: &[(&str, u64)]) -> HashMap<String, u64> {
-        pairs.iter().map(|(t, n)| (t.to_string(), *n)).collect()
-    }
-
-    fn sorted(mut v: Vec<(String, u64)>) -> Vec<(String, u64)> {
+    fn sorted(v: &[(String, u64)]) -> Vec<(String, u64)> {
+        let mut v = v.to_vec();
         v.sort();
         v
     }
 
+    fn owned(v: &[(&str, u64)]) -> Vec<(String, u64)> {
+        sorted(
+            &v.iter()
+                .map(|(t, n)| (t.to_string(), *n))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    type Counts = &'static [(&'static str, u64)];
+
     #[test]
     fn the_table_first_then_changes_then_heartbeats() {
         let mut o = Outbox::new(5);
-        // (refs now, covered now, full?, refs sent, covered sent)
-        type Counts = &'static [(&'static str, u64)];
-        let steps: Vec<(Counts, Counts, bool, Counts, Counts)> = vec![
+        let table = || {
+            vec![
+                (Refs, "a".to_string(), 1),
+                (Refs, "z".to_string(), 0),
+                (Covered, "n".to_string(), 3),
+            ]
+        };
+        // (changes before the interval, full?, refs sent, covered sent)
+        type Changes = Vec<(Kind, &'static str, u64)>;
+        let steps: Vec<(Changes, bool, Counts, Counts)> = vec![
+            // Changes before the first message are in the table it sends.
+            (vec![(Refs, "a", 1)], true, &[("a", 1)], &[("n", 3)]),
+            (vec![], false, &[], &[]),
             (
-                &[("a", 1), ("b", 2), ("z", 0)],
-                &[("n", 3)],
-                true,
-                &[("a", 1), ("b", 2)],
-                &[("n", 3)],
-            ),
-            (&[("a", 1), ("b", 2)], &[("n", 3)], false, &[], &[]),
-            (
-                &[("a", 2), ("c", 1)],
-                &[],
+                vec![
+                    (Refs, "a", 2),
+                    (Refs, "b", 1),
+                    (Refs, "a", 3),
+                    (Covered, "n", 0),
+                ],
                 false,
-                &[("a", 2), ("b", 0), ("c", 1)],
+                &[("a", 3), ("b", 1)],
                 &[("n", 0)],
             ),
-            // A key in its grace period (0) is withdrawn like one gone.
-            (&[("a", 0), ("c", 1)], &[], false, &[("a", 0)], &[]),
+            (vec![], false, &[], &[]),
         ];
-        for (n, (refs, covered, full, want_refs, want_covered)) in steps.into_iter().enumerate() {
-            let s = o.next(counts(refs), counts(covered));
-            let [batch] = s.batches.as_slice() else {
-                panic!("step {n}: {:?}", s.batches);
+        for (n, (changes, full, refs, covered)) in steps.into_iter().enumerate() {
+            for (kind, token, count) in changes {
+                o.changed(kind, token.to_string(), count);
+            }
+            let batches = o.next(table);
+            let [batch] = batches.as_slice() else {
+                panic!("step {n}: {batches:?}");
             };
             assert_eq!((batch.epoch, batch.seq), (5, n as u64), "step {n}");
             assert_eq!(batch.full.is_some(), full, "step {n}");
-            assert_eq!(
-                sorted(batch.refs.clone()),
-                sorted(counts(want_refs).into_iter().collect()),
-                "step {n}"
-            );
-            assert_eq!(
-                sorted(batch.covered.clone()),
-                sorted(counts(want_covered).into_iter().collect()),
-                "step {n}"
-            );
+            assert_eq!(sorted(&batch.refs), owned(refs), "step {n}");
+            assert_eq!(sorted(&batch.covered), owned(covered), "step {n}");
         }
     }
 
     #[test]
     fn a_big_table_goes_in_numbered_parts_and_a_peer_can_ask_for_it_again() {
         let mut o = Outbox::new(1);
-        let many: HashMap<String, u64> = (0..PER_MESSAGE * 2 + 1)
-            .map(|i| (format!("t{i}"), 1))
-            .collect();
-        let s = o.next(many.clone(), counts(&[("n", 1)]));
-        let parts: Vec<_> = s.batches.iter().map(|b| (b.seq, b.full)).collect();
+        let table = || {
+            (0..PER_MESSAGE * 2 + 1)
+                .map(|i| (Refs, format!("t{i}"), 1))
+                .chain([(Covered, "n".to_string(), 1)])
+                .collect()
+        };
+        let batches = o.next(table);
+        let parts: Vec<_> = batches.iter().map(|b| (b.seq, b.full)).collect();
         let part = |index, of| Some(Part { index, of });
         assert_eq!(parts, [(0, part(0, 3)), (1, part(1, 3)), (2, part(2, 3))]);
-        assert!(s
-            .batches
+        assert!(batches
             .iter()
             .all(|b| b.refs.len() + b.covered.len() <= PER_MESSAGE));
-        // Its own records changed by all of it (the registry records them as its own).
-        assert_eq!(s.changes.len(), PER_MESSAGE * 2 + 2);
         assert!(!o.full_due());
+        assert_eq!(o.next(table).len(), 1);
         o.send_full();
-        let again = o.next(many, counts(&[("n", 1)]));
-        assert_eq!(again.batches.len(), 3);
-        assert_eq!(again.batches[0].seq, 3);
-        assert!(again.changes.is_empty());
+        let again = o.next(table);
+        assert_eq!(again.len(), 3);
+        assert_eq!(again[0].seq, 4);
     }
 
     #[test]
@@ -206,43 +183,44 @@ mod tests {
         // The outbox's messages through `sync::Peers`, a message lost on the way, and
         // the full table asked for again: the receiver ends with the sender's counts.
         let (mut o, mut peers, mut table) = (Outbox::new(3), Peers::default(), Interest::default());
-        let rounds: Vec<(&[(&str, u64)], bool)> = vec![
+        let mut now: HashMap<String, u64> = HashMap::new();
+        // (counts changed this round, delivered?)
+        let rounds: Vec<(Counts, bool)> = vec![
             (&[("a", 1), ("b", 1)], true),
-            (&[("a", 2), ("b", 1)], true),
+            (&[("a", 2)], true),
             // Lost on the way: b withdrawn.
-            (&[("a", 2)], false),
-            (&[("a", 2), ("c", 1)], true),
-            (&[("a", 2), ("c", 1)], true),
+            (&[("b", 0)], false),
+            (&[("c", 1)], true),
+            (&[], true),
         ];
-        for (n, (refs, delivered)) in rounds.into_iter().enumerate() {
-            let s = o.next(counts(refs), HashMap::new());
-            for b in s.batches.into_iter().filter(|_| delivered) {
-                let heard = peers.receive(&mut table, "r", b, 0);
-                if heard.ask_full {
+        for (n, (changes, delivered)) in rounds.into_iter().enumerate() {
+            for (t, c) in changes {
+                now.insert(t.to_string(), *c);
+                o.changed(Refs, t.to_string(), *c);
+            }
+            let full = || now.iter().map(|(t, c)| (Refs, t.clone(), *c)).collect();
+            for b in o.next(full).into_iter().filter(|_| delivered) {
+                if peers.receive(&mut table, "r", b, 0).ask_full {
                     o.send_full();
                 }
             }
             let mut held: Vec<(String, u64)> = table
-                .records_of(Kind::Refs, "r")
-                .map(|(t, n)| (t.to_string(), n))
+                .records_of(Refs, "r")
+                .map(|(t, c)| (t.to_string(), c))
                 .collect();
             held.sort();
-            let want = sorted(counts(refs).into_iter().collect());
-            // Right once delivered, except in the round that found the gap (the full
-            // table goes with the next).
-            if n == 2 {
-                assert_eq!(held, [("a".to_string(), 2), ("b".to_string(), 1)]);
-            } else if n != 3 {
-                assert_eq!(held, want, "round {n}");
-            } else {
-                assert_eq!(
-                    held,
-                    [
-                        ("a".to_string(), 2),
-                        ("b".to_string(), 1),
-                        ("c".to_string(), 1)
-                    ]
-                );
+            let mut want: Vec<(String, u64)> = now
+                .iter()
+                .filter(|(_, c)| **c > 0)
+                .map(|(t, c)| (t.clone(), *c))
+                .collect();
+            want.sort();
+            match n {
+                // Not delivered, and then the round that found the gap: b is still
+                // held until the full table, which goes with the next message.
+                2 => assert_eq!(held, owned(&[("a", 2), ("b", 1)])),
+                3 => assert_eq!(held, owned(&[("a", 2), ("b", 1), ("c", 1)])),
+                _ => assert_eq!(held, want, "round {n}"),
             }
         }
     }
