@@ -604,7 +604,31 @@ proptest! {
         for gone in table.expire(now, 50) {
             peers.forget(&gone);
         }
-        let _ = peers.behind().count();
+        // Whatever came before, a whole table leaves the receiver with exactly it.
+        for r in ["r0", "r1", "r2"] {
+            let table_of = Batch {
+                epoch: 5,
+                seq: 1_000,
+                full: Some(Part { index: 0, of: 1 }),
+                refs: vec![(token(&0), 1), (token(&2), 3)],
+                covered: vec![(token(&1), 2)],
+            };
+            let heard = peers.receive(&mut table, r, table_of, now);
+            prop_assert!(!heard.ask_full);
+            let mut refs: Vec<(String, u64)> = table
+                .records_of(interest::Kind::Refs, r)
+                .map(|(t, n)| (t.to_string(), n))
+                .collect();
+            refs.sort();
+            prop_assert_eq!(refs, vec![(token(&0), 1), (token(&2), 3)]);
+            let covered: Vec<(String, u64)> = table
+                .records_of(interest::Kind::Covered, r)
+                .map(|(t, n)| (t.to_string(), n))
+                .collect();
+            prop_assert_eq!(covered, vec![(token(&1), 2)]);
+        }
+        prop_assert_eq!(peers.behind().count(), 0);
+        prop_assert_eq!(table.group_len(GROUP), 3);
     }
 
     #[test]

@@ -163,11 +163,18 @@ impl Gossip {
                 }
                 let Ok(im) = serde_json::from_slice::<InterestMsg>(&msg.payload) else {
                     // Also the format of kcache before interest was sent as changes (no
-                    // epoch or seq): a fleet runs one version (docs/operations.md).
+                    // epoch or seq): a fleet runs one version (docs/operations.md, "Mixed
+                    // versions in a fleet").
                     metrics::counter!(m::FLEET_BAD_MESSAGES).increment(1);
                     continue;
                 };
                 if im.replica == me.replica {
+                    continue;
+                }
+                // A replica speaks for itself only: its name in the body is the one its
+                // subject carries (else one member could withdraw another's references).
+                if msg.subject.as_str() != me.subjects.interest(&im.replica) {
+                    metrics::counter!(m::FLEET_BAD_MESSAGES).increment(1);
                     continue;
                 }
                 let remote = RemoteInterest {

@@ -123,6 +123,10 @@ impl FleetInterest {
     /// Forgets the replicas not heard for a TTL, and their records.
     fn expire(&mut self) {
         let (now, ttl) = (self.now_ms(), self.ttl_ms());
+        // This replica never goes silent to itself: a Registry that stalled for a TTL
+        // must not drop its own records, which only their changes would bring back.
+        let me = self.gossip.replica().to_string();
+        self.table.heard(&me, now);
         for gone in self.table.expire(now, ttl) {
             tracing::info!(replica = %gone, "fleet interest: a replica not heard for {ttl} ms; its references no longer count");
             self.peers.forget(&gone);
@@ -240,8 +244,9 @@ impl Registry {
 
     /// Publishes the full table a peer needs soon rather than at the next interval (a
     /// replica joining is ready 1.2 intervals after it starts: by then it must have every
-    /// peer's table), unless a full table went out less than an interval ago: a peer's
-    /// asks cost the fleet at most about one table per interval.
+    /// peer's table). A peer's ask for the table again waits for the interval when one
+    /// went out less than an interval ago: asks cost the fleet about one table per
+    /// interval at most.
     fn publish_full_soon(&mut self, reason: &'static str, ctx: &mut Context<Self>) {
         let Some(fleet) = &mut self.fleet else {
             return;
@@ -251,9 +256,12 @@ impl Registry {
         }
         fleet.outbox.send_full();
         let interval = fleet.interval.as_millis() as u64;
-        let recent = fleet
-            .last_full_ms
-            .is_some_and(|at| fleet.now_ms().saturating_sub(at) < interval);
+        // A new peer (a replica starting, ready 1.2 intervals later) is answered at once;
+        // asks for the table again wait for the interval when a table went out recently.
+        let recent = reason != "new-peer"
+            && fleet
+                .last_full_ms
+                .is_some_and(|at| fleet.now_ms().saturating_sub(at) < interval);
         if fleet.publish_soon || recent {
             return;
         }

@@ -10,6 +10,7 @@
 //! drops what it no longer names. A new incarnation's records are dropped at once (its
 //! table comes with its first message), and it is told to need everyone's table.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 
 use super::{Interest, Kind};
@@ -84,16 +85,24 @@ impl Peers {
             }
             known => {
                 // A replica not heard before, or a new incarnation of one: what an older
-                // one held is gone with it.
+                // one held is gone with it, and so is where this replica stood with it
+                // (behind until the new one's table has come whole).
                 if known.is_some() {
                     table.forget(replica);
                 }
                 heard.send_full = true;
-                self.peers.entry(replica.to_string()).or_insert(Peer {
+                let fresh = Peer {
                     epoch: batch.epoch,
                     next_seq: batch.seq,
                     state: State::Behind,
-                })
+                };
+                match self.peers.entry(replica.to_string()) {
+                    Entry::Occupied(mut e) => {
+                        *e.get_mut() = fresh;
+                        e.into_mut()
+                    }
+                    Entry::Vacant(e) => e.insert(fresh),
+                }
             }
         };
         peer.epoch = batch.epoch;
@@ -260,6 +269,24 @@ mod tests {
             // Restarted (same name): its old references are gone with the old process.
             (full(9, 0, (0, 1), &[("y", 5)]), NEW, [0, 5, 0]),
             (delta(9, 1, &[]), OK, [0, 5, 0]),
+        ]);
+    }
+
+    #[test]
+    fn a_new_incarnation_heard_first_by_its_changes_is_asked_for_its_table() {
+        // Found in review: the restarted replica's first message (its table) was lost,
+        // and the receiver, still "synced" with the old incarnation, took its changes
+        // for the whole story.
+        run(vec![
+            (full(7, 0, (0, 1), &[("x", 1), ("y", 1)]), NEW, [1, 1, 0]),
+            (delta(9, 1, &[("z", 2)]), NEW_BEHIND, [0, 0, 2]),
+            (delta(9, 2, &[]), BEHIND, [0, 0, 2]),
+            (full(9, 3, (0, 1), &[("y", 3), ("z", 2)]), OK, [0, 3, 2]),
+        ]);
+        // Nor does an old incarnation's unfinished table carry over into the new one's.
+        run(vec![
+            (full(7, 0, (0, 2), &[("x", 1)]), NEW, [1, 0, 0]),
+            (full(9, 1, (1, 2), &[("y", 1)]), NEW_BEHIND, [0, 1, 0]),
         ]);
     }
 
