@@ -233,8 +233,7 @@ impl Registry {
             refs.chain(covered).collect()
         };
         let batches = fleet.outbox.next(table);
-        let me = fleet.gossip.replica().to_string();
-        fleet.table.heard(&me, now);
+        // Also marks this replica heard.
         fleet.expire();
         let resync: Vec<String> = fleet.peers.behind().map(str::to_string).collect();
         if let Some(p) = &fleet.publisher {
