@@ -104,13 +104,6 @@ impl Interest {
         self.groups.get(group).map_or(0, HashMap::len)
     }
 
-    /// Whether a record of the fleet names `token` (of its member group).
-    pub fn in_group(&self, group: &str, token: &str) -> bool {
-        self.groups
-            .get(group)
-            .is_some_and(|g| g.contains_key(token))
-    }
-
     /// Forgets the replicas not heard within `ttl_ms` and their records; returns them.
     pub fn expire(&mut self, now_ms: u64, ttl_ms: u64) -> Vec<String> {
         let gone: Vec<String> = self
@@ -269,7 +262,8 @@ mod tests {
             i.record(kind, r, token, count);
             assert_eq!(i.group_len(GROUP), names, "step {n}");
         }
-        assert!(i.in_group(GROUP, NAME_Y) && !i.in_group(GROUP, NAME_X));
+        let named = |t: &str| i.groups.get(GROUP).is_some_and(|g| g.contains_key(t));
+        assert!(named(NAME_Y) && !named(NAME_X));
         i.forget("b");
         assert_eq!(i.group_len(GROUP), 0);
         assert!(i.groups.is_empty(), "{:?}", i.groups);

@@ -105,7 +105,6 @@ impl Peers {
                 }
             }
         };
-        peer.epoch = batch.epoch;
         peer.next_seq = batch.seq.wrapping_add(1);
         table.heard(replica, now_ms);
         match (batch.full, &mut peer.state) {
