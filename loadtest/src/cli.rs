@@ -124,6 +124,11 @@ pub struct Args {
     /// loopback targets; for when ephemeral ports run out, e.g. with --http1).
     #[arg(long, default_value_t = 1)]
     pub source_addrs: u8,
+    /// Child processes that hold one-connection-per-node watches (the `coalesce`
+    /// scenario's) instead of this one. 0: as many as this process's open-file limit
+    /// needs, none while its connections fit in it (see `workers`).
+    #[arg(long, default_value_t = 0)]
+    pub watch_workers: usize,
 
     /// Writes (or churn operations) per second, always sent to the API server.
     /// Default: 100 (informer: 60, kubeproxy, coalesce: 20).

@@ -4,6 +4,8 @@
 //! Also [`Api`], the small write/setup client that always talks to the API server.
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -66,12 +68,48 @@ pub fn insecure_client(connect: Duration, timeout: Option<Duration>) -> reqwest:
 
 /// The clients a set of watches is spread over: watch `i` uses connection
 /// `i / per_connection` (HTTP/2), so both targets see the same number of connections.
+/// Each client is built when its first watch asks for it: a pool whose watches a
+/// scenario hands to watch workers ([`crate::workers`]) builds none here, and 30,000
+/// clients' TLS configurations are not small.
 pub struct ConnPool {
-    clients: Vec<reqwest::Client>,
+    /// Unique in this process: a watch worker keys its connections by pool and number.
+    id: u64,
+    clients: Vec<OnceLock<reqwest::Client>>,
+    make: Make,
     per_connection: usize,
     /// Base URLs the connections are spread over (a fleet's replicas, as nodes behind a
     /// Service), connection `c` on `bases[c % len]`; empty: the target's URL.
     bases: Vec<String>,
+}
+
+fn next_pool_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// How a pool's connection number `c` gets its client.
+#[derive(Clone, Copy)]
+enum Make {
+    /// [`http_client`], from 127.0.0.(1 + c % addrs) when `addrs` > 1.
+    Spread { http1: bool, addrs: u8 },
+    /// [`node_client`] (HTTP/2, prior knowledge).
+    Node,
+}
+
+impl Make {
+    fn client(self, c: usize) -> reqwest::Client {
+        match self {
+            Make::Spread { http1, addrs } => {
+                let local = (addrs > 1).then(|| {
+                    // 127.0.0.1, 127.0.0.2, ...: loopback accepts any 127/8 source.
+                    let last = 1 + (c % usize::from(addrs)) as u8;
+                    IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))
+                });
+                http_client(http1, local)
+            }
+            Make::Node => node_client(false),
+        }
+    }
 }
 
 impl ConnPool {
@@ -86,18 +124,13 @@ impl ConnPool {
         } else {
             watches.div_ceil(per_connection).max(1)
         };
-        let clients = (0..n)
-            .map(|i| {
-                let local = (model.source_addrs > 1).then(|| {
-                    // 127.0.0.1, 127.0.0.2, ...: loopback accepts any 127/8 source.
-                    let last = 1 + (i % usize::from(model.source_addrs)) as u8;
-                    IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))
-                });
-                http_client(model.http1, local)
-            })
-            .collect();
         ConnPool {
-            clients,
+            id: next_pool_id(),
+            clients: (0..n).map(|_| OnceLock::new()).collect(),
+            make: Make::Spread {
+                http1: model.http1,
+                addrs: model.source_addrs,
+            },
             per_connection,
             bases: Vec::new(),
         }
@@ -112,9 +145,10 @@ impl ConnPool {
         if model.http1 {
             return ConnPool::new(model, nodes * per_node);
         }
-        let clients = (0..nodes.max(1)).map(|_| node_client(false)).collect();
         ConnPool {
-            clients,
+            id: next_pool_id(),
+            clients: (0..nodes.max(1)).map(|_| OnceLock::new()).collect(),
+            make: Make::Node,
             per_connection: per_node.max(1),
             bases: Vec::new(),
         }
@@ -136,11 +170,12 @@ impl ConnPool {
 
     /// The client for watch number `i`.
     pub fn get(&self, i: usize) -> reqwest::Client {
-        self.clients[self.connection(i)].clone()
+        let c = self.connection(i);
+        self.clients[c].get_or_init(|| self.make.client(c)).clone()
     }
 
     /// The connection (client) number of watch number `i`.
-    fn connection(&self, i: usize) -> usize {
+    pub fn connection(&self, i: usize) -> usize {
         if self.per_connection == usize::MAX {
             i % self.clients.len()
         } else {
@@ -150,6 +185,17 @@ impl ConnPool {
 
     pub fn connections(&self) -> usize {
         self.clients.len()
+    }
+
+    /// This pool's number, unique in this process.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether a worker process can hold this pool's connections as it does: one
+    /// HTTP/2 node connection per number ([`node_client`]), nothing else to carry over.
+    pub fn is_per_node(&self) -> bool {
+        matches!(self.make, Make::Node)
     }
 }
 

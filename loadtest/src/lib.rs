@@ -6,6 +6,8 @@
 //! - [`scenario`]: the shared measuring steps ([`scenario::Session`]) and one module per
 //!   scenario, each documenting its workload.
 //! - [`watch`]: one client watch (and the slow consumer that never reads).
+//! - [`workers`]: child processes holding watch connections past one process's
+//!   open-file limit.
 //! - [`record`]: counters and write→delivery latency matching.
 //! - [`client`]: the connection model and the API server write client.
 //! - [`probe`]: RSS/CPU from `/proc`, and the one reader of Prometheus `/metrics` text.
@@ -26,3 +28,4 @@ pub mod record;
 pub mod report;
 pub mod scenario;
 pub mod watch;
+pub mod workers;

@@ -18,7 +18,7 @@
 //! the event's arrival at a watching client, matched by a unique key each write puts into
 //! the object (see `record`).
 
-use kcache_loadtest::{cli, client, plot, progress, report, scenario};
+use kcache_loadtest::{cli, client, plot, progress, report, scenario, workers};
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -71,6 +71,10 @@ fn draw_plots(args: &Args, run: &ScenarioRun, progress: &Progress) -> Vec<String
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // A child holding a share of the watch connections: see `workers`.
+    if std::env::args().nth(1).as_deref() == Some(workers::WORKER_ARG) {
+        return workers::serve().await;
+    }
     let args = Args::parse();
     let progress = Progress::new(!args.no_progress);
     let targets = args

@@ -160,7 +160,8 @@ pub fn thread_class(main: bool, comm: &str) -> &'static str {
     }
 }
 
-/// CPU seconds used so far by the target, the API server and the generator (this process).
+/// CPU seconds used so far by the target, the API server and the generator (this process
+/// and its watch workers, [`crate::workers`]).
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct Cpu {
     pub target: f64,
@@ -173,7 +174,11 @@ impl Cpu {
         Cpu {
             target: cpu_seconds(target_pid),
             apiserver: cpu_seconds(apiserver_pid),
-            generator: cpu_seconds(std::process::id()),
+            generator: cpu_seconds(std::process::id())
+                + crate::workers::pids()
+                    .into_iter()
+                    .map(cpu_seconds)
+                    .sum::<f64>(),
         }
     }
 }

@@ -105,6 +105,11 @@ impl Recorder {
         }
     }
 
+    /// The arrivals recorded so far, leaving none (a watch worker's report).
+    pub fn take_arrivals(&self) -> HashMap<String, Vec<Instant>> {
+        std::mem::take(&mut *lock(&self.arrivals))
+    }
+
     /// Called just before the write with this key is sent.
     pub fn mark_sent(&self, key: String, phase: usize) {
         lock(&self.sent).insert(key, (Instant::now(), phase));

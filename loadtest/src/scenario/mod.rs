@@ -35,6 +35,7 @@ use crate::progress::{Progress, Tracking};
 use crate::record::{delete_key, next_seq_key, Counters, Recorder, SEQ_ANNOTATION};
 use crate::report::{Latency, RssStep, ServerWatches, TargetReport};
 use crate::watch::{self, Ready, WatchReq};
+use crate::workers::{self, Workers};
 
 /// What every scenario gets.
 pub struct Ctx {
@@ -221,6 +222,9 @@ pub struct Session<'a> {
     open_steps: usize,
     write_start: Option<Cpu>,
     server_watches: ServerWatches,
+    /// Child processes holding the watches of a pool too large for this process's
+    /// open-file limit (or `--watch-workers`); started by the first such pool.
+    workers: Option<Workers>,
     _tracking: Tracking,
 }
 
@@ -266,6 +270,7 @@ impl<'a> Session<'a> {
             connections: 0,
             write_start: None,
             server_watches: ServerWatches::default(),
+            workers: None,
             _tracking: tracking,
         }
     }
@@ -324,6 +329,7 @@ impl<'a> Session<'a> {
             .open_timeout_secs
             .unwrap_or(ctx.args.scenario.open_timeout_secs());
         let deadline = Instant::now() + Duration::from_secs(timeout);
+        self.start_workers(pool);
         let c = &self.rec.counters;
         let base = Counters::get(&c.ready) + Counters::get(&c.failed);
         let mut watches = watches.into_iter().enumerate();
@@ -336,6 +342,11 @@ impl<'a> Session<'a> {
                     Some(base) => format!("{base}{pq}"),
                     None => self.url(&pq),
                 };
+                if let Some(w) = &self.workers {
+                    let conn = pool.connection(offset + i);
+                    w.open(&self.rec, pool.id(), conn, url, ready);
+                    continue;
+                }
                 let req = WatchReq {
                     client: pool.get(offset + i),
                     url,
@@ -373,6 +384,34 @@ impl<'a> Session<'a> {
                 ));
                 // The remaining steps wait at most 30 s each.
             }
+        }
+    }
+
+    /// Starts watch workers for a one-connection-per-node `pool` with more connections
+    /// than this process may open, or as `--watch-workers` says; keeps the watches here
+    /// if they cannot start (the run then stops at the open-file limit, as before).
+    fn start_workers(&mut self, pool: &ConnPool) {
+        if self.workers.is_some() || !pool.is_per_node() {
+            return;
+        }
+        let per_process = workers::per_process();
+        let n = match self.ctx.args.watch_workers {
+            0 if pool.connections() <= per_process => return,
+            0 => pool.connections().div_ceil(per_process),
+            n => n,
+        };
+        match Workers::spawn(n, &self.ctx.args.token, self.rec.clone()) {
+            Ok(w) => {
+                self.ctx.progress.log(&format!(
+                    "{} connections held by {n} watch worker processes (at most {per_process} per process)",
+                    pool.connections()
+                ));
+                self.workers = Some(w);
+            }
+            Err(e) => self
+                .ctx
+                .progress
+                .log(&format!("{e}; holding the watches here")),
         }
     }
 
@@ -533,6 +572,9 @@ impl<'a> Session<'a> {
             terminated.zip(self.before.terminated).map(|(a, b)| a - b);
         for h in self.handles.drain(..) {
             h.abort();
+        }
+        if let Some(w) = self.workers.take() {
+            w.stop().await;
         }
         let sorted = self.rec.sorted(phase);
         let c = &self.rec.counters;
