@@ -511,7 +511,10 @@ impl Proxy {
         // A long-running response can sit idle for minutes: end it when its client
         // hangs up, not at the next upstream event (`hangup`).
         let hangup = (kind == Kind::LongRunning)
-            .then(|| req.conn_data::<crate::hangup::ConnSocket>().cloned())
+            .then(|| {
+                req.conn_data::<crate::hangup::ConnFd>()
+                    .and_then(|c| c.socket())
+            })
             .flatten();
         let uri = req
             .uri()

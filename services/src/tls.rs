@@ -396,11 +396,11 @@ pub fn connection_info(conn: &dyn std::any::Any, ext: &mut actix_web::dev::Exten
         if let Some(leaf) = session.peer_certificates().and_then(|c| c.first()) {
             ext.insert(ClientCert(crate::cert_identity::identity(leaf.as_ref())));
         }
-        if let Some(sock) = crate::hangup::ConnSocket::of(tcp) {
+        if let Some(sock) = crate::hangup::ConnFd::of(tcp) {
             ext.insert(sock);
         }
     } else if let Some(tcp) = conn.downcast_ref::<TcpStream>() {
-        if let Some(sock) = crate::hangup::ConnSocket::of(tcp) {
+        if let Some(sock) = crate::hangup::ConnFd::of(tcp) {
             ext.insert(sock);
         }
     }
