@@ -36,6 +36,8 @@ own_out=
 # Off unless --kcache-coalesce-min-names says otherwise (kcache's own default is 8): the
 # scenarios measure name keys as docs/benchmarks.md records them; `coalesce` sets it.
 coalesce_min_names=0
+node_identities=
+nodes=100
 prev=
 for a in "$@"; do
   [[ $prev == --scenario ]] && scenario=$a
@@ -43,6 +45,10 @@ for a in "$@"; do
   [[ $prev == --kcache-coalesce-min-names ]] && coalesce_min_names=$a
   [[ $a == --kcache-coalesce-min-names=* ]] && coalesce_min_names=${a#--kcache-coalesce-min-names=}
   [[ $a == --out || $a == --out=* ]] && own_out=1
+  # Each simulated node its own identity: the API server must know their tokens.
+  [[ $a == --node-identities ]] && node_identities=1
+  [[ $prev == --nodes ]] && nodes=$a
+  [[ $a == --nodes=* ]] && nodes=${a#--nodes=}
   prev=$a
 done
 
@@ -60,6 +66,7 @@ if [[ -z ${KCACHE_BENCH_NO_BUILD:-} ]]; then
   cargo build --release -p kcache-loadtest -p kcache
 fi
 
+[[ $node_identities ]] && export KUBE_NODE_TOKENS=$nodes
 eval "$(scripts/start-test-cluster.sh "$bin")"
 kpid=
 # KCACHE_BENCH_FLEET: the replicas after the first, and their nats-server.

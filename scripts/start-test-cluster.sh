@@ -13,6 +13,9 @@
 #     admintoken   -> admin, group system:masters
 #     viewertoken  -> viewer (no RBAC bindings: forbidden until you bind it)
 #     node1token   -> system:node:node1, group system:nodes (the Node authorizer applies)
+#     with KUBE_NODE_TOKENS=N also bench-node-<n>-token -> system:node:bench-node-<n>, group
+#     system:nodes, for n in 0..N-1 (load tests whose simulated kubelets each have their
+#     own node identity: loadtest --node-identities)
 #   client certificates (--client-ca-file $KUBE_DIR/pki/ca.crt)
 #     $KUBE_DIR/pki/admin.crt + admin.key -> CN=admin, O=system:masters
 # $KUBE_DIR/kubeconfig: current context uses admintoken; context "test-cert" uses the
@@ -60,6 +63,11 @@ admintoken,admin,admin-uid,"system:masters"
 viewertoken,viewer,viewer-uid
 node1token,system:node:node1,node1-uid,"system:nodes"
 EOF
+if ((${KUBE_NODE_TOKENS:-0} > 0)); then
+  awk -v n="$KUBE_NODE_TOKENS" 'BEGIN { for (i = 0; i < n; i++)
+    printf "bench-node-%d-token,system:node:bench-node-%d,bench-node-%d-uid,\"system:nodes\"\n", i, i, i }' \
+    >>"$dir/tokens.csv"
+fi
 # Service-account signing key (RSA: the API server signs tokens with RS256).
 openssl genrsa -out "$dir/sa.key" 2048 2>/dev/null
 openssl rsa -in "$dir/sa.key" -pubout -out "$dir/sa.pub" 2>/dev/null

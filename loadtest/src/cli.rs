@@ -157,6 +157,13 @@ pub struct Args {
     /// share one HTTP/2 connection).
     #[arg(long, default_value_t = 100)]
     pub nodes: usize,
+    /// coalesce: each simulated node with its own identity (`system:node:bench-node-<n>`,
+    /// group `system:nodes`; `loadtest/run.sh` gives the API server their tokens) and its
+    /// pods bound to it, mounting the Secrets and ConfigMaps it watches, so the API
+    /// server's Node authorizer decides every watch, directly or through kcache's
+    /// SubjectAccessReviews, as in a cluster. Without it every node uses the bench token.
+    #[arg(long)]
+    pub node_identities: bool,
     /// kubelet: single-object watches per node (half Secrets, half ConfigMaps); each node
     /// also holds one `spec.nodeName` pod watch. 100 nodes × (99 + 1) = 10,000 watches.
     /// coalesce: Secret and ConfigMap watches per node, besides one `kube-root-ca.crt`

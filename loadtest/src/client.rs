@@ -77,9 +77,23 @@ pub struct ConnPool {
     clients: Vec<OnceLock<reqwest::Client>>,
     make: Make,
     per_connection: usize,
+    /// Connection `c` authenticates as node `c` ([`node_token`]) instead of with the
+    /// scenario's token.
+    node_tokens: bool,
     /// Base URLs the connections are spread over (a fleet's replicas, as nodes behind a
     /// Service), connection `c` on `bases[c % len]`; empty: the target's URL.
     bases: Vec<String>,
+}
+
+/// The user name of simulated node `n` (`system:node:` + this).
+pub fn node_name(n: usize) -> String {
+    format!("bench-node-{n}")
+}
+
+/// The bearer token of simulated node `n`, as `scripts/start-test-cluster.sh` writes it
+/// into the API server's token file with `KUBE_NODE_TOKENS`.
+pub fn node_token(n: usize) -> String {
+    format!("bench-node-{n}-token")
 }
 
 fn next_pool_id() -> u64 {
@@ -132,6 +146,7 @@ impl ConnPool {
                 addrs: model.source_addrs,
             },
             per_connection,
+            node_tokens: false,
             bases: Vec::new(),
         }
     }
@@ -150,8 +165,21 @@ impl ConnPool {
             clients: (0..nodes.max(1)).map(|_| OnceLock::new()).collect(),
             make: Make::Node,
             per_connection: per_node.max(1),
+            node_tokens: false,
             bases: Vec::new(),
         }
+    }
+
+    /// Each connection authenticates as its node: watch `i` with the token of node
+    /// `connection(i)` ([`ConnPool::token`]).
+    pub fn node_identities(mut self, on: bool) -> ConnPool {
+        self.node_tokens = on;
+        self
+    }
+
+    /// The token watch `i` must use instead of the scenario's, if its node has its own.
+    pub fn token(&self, i: usize) -> Option<String> {
+        self.node_tokens.then(|| node_token(self.connection(i)))
     }
 
     /// Spreads the connections over `bases` round robin (none: the target's own URL).

@@ -62,6 +62,9 @@ struct Open {
     pool: u64,
     conn: usize,
     url: String,
+    /// Its node's own token; none: the hello's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    token: Option<String>,
     /// Established at its response headers ([`Ready::Headers`]), else at its first event.
     headers: bool,
 }
@@ -159,12 +162,21 @@ impl Workers {
     /// Hands one watch to the worker that holds connection `conn` of pool `pool`
     /// ([`crate::client::ConnPool::id`]). A
     /// worker that has gone away fails its watches (counted, so nothing waits on them).
-    pub fn open(&self, rec: &Recorder, pool: u64, conn: usize, url: String, ready: Ready) {
+    pub fn open(
+        &self,
+        rec: &Recorder,
+        pool: u64,
+        conn: usize,
+        url: String,
+        token: Option<String>,
+        ready: Ready,
+    ) {
         let sender = &self.senders[conn % self.senders.len()];
         let open = Open {
             pool,
             conn,
             url,
+            token,
             headers: ready == Ready::Headers,
         };
         if sender.send(open).is_err() {
@@ -303,7 +315,7 @@ pub async fn serve() -> ExitCode {
         let req = WatchReq {
             client,
             url: open.url,
-            token: token.clone(),
+            token: open.token.unwrap_or_else(|| token.clone()),
         };
         // Detached: the watch runs until the stream ends or this process does.
         drop(watch::spawn(req, ready, rec.clone()));

@@ -342,15 +342,16 @@ impl<'a> Session<'a> {
                     Some(base) => format!("{base}{pq}"),
                     None => self.url(&pq),
                 };
+                let token = pool.token(offset + i);
                 if let Some(w) = &self.workers {
                     let conn = pool.connection(offset + i);
-                    w.open(&self.rec, pool.id(), conn, url, ready);
+                    w.open(&self.rec, pool.id(), conn, url, token, ready);
                     continue;
                 }
                 let req = WatchReq {
                     client: pool.get(offset + i),
                     url,
-                    token: ctx.args.token.clone(),
+                    token: token.unwrap_or_else(|| ctx.args.token.clone()),
                 };
                 self.handles
                     .push(watch::spawn(req, ready, self.rec.clone()));

@@ -21,6 +21,11 @@
 //! node's `spec.nodeName` pod watch is a key of its own through kcache, which coalescing
 //! (per namespace) does not touch, and it would hide the per-namespace count.
 //!
+//! With `--node-identities` each node authenticates as `system:node:bench-node-<n>` and
+//! has one pod per namespace bound to it that mounts what it watches there: the API
+//! server's Node authorizer decides each watch, in-process directly, by kcache's
+//! SubjectAccessReviews through kcache (created before the baseline, for both targets).
+//!
 //! Per target: force a collection of the API server's heap (`/debug/pprof/heap?gc=1`),
 //! wait 10 s and read the baseline; open the watches node by node in `--steps` steps, at
 //! most 100 nodes each (RSS after each; each step waits for its watches), wait
@@ -45,7 +50,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::{payload, splitmix64, Ctx, Op, ScenarioRun, Series, Session, Target, WriteOp};
-use crate::client::ConnPool;
+use crate::client::{node_name, ConnPool};
 use crate::probe::{self, PeakRss};
 use crate::watch::Ready;
 
@@ -81,6 +86,8 @@ pub struct Params {
     pub seconds: u64,
     pub settle_secs: u64,
     pub min_names: usize,
+    /// Each node its own identity, its pods bound to it (`--node-identities`).
+    pub node_identities: bool,
 }
 
 impl Params {
@@ -99,6 +106,7 @@ impl Params {
             seconds: a.seconds.unwrap_or(20),
             settle_secs: a.settle_secs,
             min_names: a.kcache_coalesce_min_names,
+            node_identities: a.node_identities,
         }
     }
 
@@ -155,32 +163,76 @@ fn watch_path(ns: &str, kind: &str, name: &str) -> String {
     format!("/api/v1/namespaces/{ns}/{kind}?watch=1&resourceVersion=0&fieldSelector=metadata.name%3D{name}")
 }
 
+/// Node `n`'s namespace in its slot `k`, and the objects it watches there: (kind, name),
+/// its Secrets and ConfigMaps from a pseudo-random start among the used names, then
+/// `kube-root-ca.crt`. What its pods there mount, with `--node-identities`.
+fn node_slot(p: &Params, n: usize, k: usize) -> (String, Vec<(&'static str, String)>) {
+    let (us, uc) = (p.used(p.secrets), p.used(p.configmaps));
+    let ns = ns_name(p.namespace_of(n, k));
+    let (s, c) = p.slot(k);
+    let start = splitmix64((n * p.ns_per_node + k) as u64);
+    let mut objects = Vec::with_capacity(s + c + 1);
+    for (kind, prefix, count, used, offset) in [
+        ("secrets", "s", s, us, start as usize),
+        ("configmaps", "c", c, uc, (start >> 32) as usize),
+    ] {
+        for j in 0..count {
+            let name = format!("{prefix}{}", (offset % used.max(1) + j) % used.max(1));
+            objects.push((kind, name));
+        }
+    }
+    objects.push(("configmaps", ROOT_CA.to_string()));
+    (ns, objects)
+}
+
 /// The watches (path?query, readiness) in node order, node `n`'s being numbers
 /// `n × watches_per_node ..`, and per watch the object path it receives.
 fn plan(p: &Params) -> (Vec<(String, Ready)>, Vec<String>) {
-    let (us, uc) = (p.used(p.secrets), p.used(p.configmaps));
     let mut watches = Vec::new();
     let mut receives = Vec::new();
     for n in 0..p.nodes {
         for k in 0..p.ns_per_node {
-            let ns = ns_name(p.namespace_of(n, k));
-            let (s, c) = p.slot(k);
-            let start = splitmix64((n * p.ns_per_node + k) as u64);
-            for (kind, prefix, count, used, offset) in [
-                ("secrets", "s", s, us, start as usize),
-                ("configmaps", "c", c, uc, (start >> 32) as usize),
-            ] {
-                for j in 0..count {
-                    let name = format!("{prefix}{}", (offset % used.max(1) + j) % used.max(1));
-                    watches.push((watch_path(&ns, kind, &name), Ready::FirstEvent));
-                    receives.push(object_path(&ns, kind, &name));
-                }
+            let (ns, objects) = node_slot(p, n, k);
+            for (kind, name) in objects {
+                watches.push((watch_path(&ns, kind, &name), Ready::FirstEvent));
+                receives.push(object_path(&ns, kind, &name));
             }
-            watches.push((watch_path(&ns, "configmaps", ROOT_CA), Ready::FirstEvent));
-            receives.push(object_path(&ns, "configmaps", ROOT_CA));
         }
     }
     (watches, receives)
+}
+
+/// With `--node-identities`: one pod per node and namespace, bound to the node and
+/// mounting every Secret and ConfigMap the node watches there, so the Node authorizer
+/// lets the node read exactly those (its graph: node ← pod → Secret, ConfigMap).
+fn pods(p: &Params) -> Vec<(String, Value)> {
+    let mut v = Vec::with_capacity(p.nodes * p.ns_per_node);
+    for n in 0..p.nodes {
+        for k in 0..p.ns_per_node {
+            let (ns, objects) = node_slot(p, n, k);
+            let volumes: Vec<Value> = objects
+                .iter()
+                .enumerate()
+                .map(|(j, (kind, name))| match *kind {
+                    "secrets" => json!({"name": format!("v{j}"), "secret": {"secretName": name}}),
+                    _ => json!({"name": format!("v{j}"), "configMap": {"name": name}}),
+                })
+                .collect();
+            v.push((
+                format!("/api/v1/namespaces/{ns}/pods"),
+                json!({
+                    "metadata": {"name": format!("{}-{k}", node_name(n))},
+                    "spec": {
+                        "nodeName": node_name(n),
+                        "automountServiceAccountToken": false,
+                        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+                        "volumes": volumes,
+                    },
+                }),
+            ));
+        }
+    }
+    v
 }
 
 /// Every object of the namespaces, watched or not.
@@ -260,6 +312,19 @@ async fn setup(ctx: &Ctx, p: &Params) {
         "setup: {} objects created, {} existed, {} failed",
         n.created, n.existed, n.failed
     ));
+    if p.node_identities {
+        let pods = pods(p);
+        ctx.progress.stage(&format!(
+            "creating {} pods bound to {} nodes (node identities)",
+            pods.len(),
+            p.nodes
+        ));
+        let n = api.create_all(pods).await;
+        ctx.progress.log(&format!(
+            "setup: {} pods created, {} existed, {} failed",
+            n.created, n.existed, n.failed
+        ));
+    }
 }
 
 fn variant(t: &Target, p: &Params) -> String {
@@ -317,7 +382,9 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
         } else {
             t.urls()
         };
-        let pool = ConnPool::per_node(&ctx.model, p.nodes, per_node).route(fleet);
+        let pool = ConnPool::per_node(&ctx.model, p.nodes, per_node)
+            .route(fleet)
+            .node_identities(p.node_identities);
         let open_at_sample_secs = sampler.seconds();
         let opened_at = Instant::now();
         s.open(&pool, watches.clone()).await;
@@ -568,6 +635,11 @@ pub async fn run(ctx: &Ctx) -> ScenarioRun {
             "writes": total_writes,
             "settle_seconds": p.settle_secs,
             "kcache_coalesce_min_names": p.min_names,
+            "identities": if p.node_identities {
+                "each node its own (system:node:bench-node-<n>, group system:nodes), one pod per node and namespace bound to it and mounting what it watches: the Node authorizer decides"
+            } else {
+                "every node the bench token (one user)"
+            },
         }),
         reports,
         series,
@@ -598,6 +670,7 @@ mod tests {
             seconds: 20,
             settle_secs: 45,
             min_names: 0,
+            node_identities: false,
         }
     }
 
@@ -621,6 +694,39 @@ mod tests {
         assert!(!f.contains_key(&object_path("bench-co-7", "secrets", "s17")));
         let total: usize = f.values().sum();
         assert_eq!(total, receives.len());
+    }
+
+    #[test]
+    fn each_nodes_pods_mount_exactly_what_it_watches() {
+        let p = params();
+        let (watches, receives) = plan(&p);
+        let pods = pods(&p);
+        assert_eq!(pods.len(), p.nodes * p.ns_per_node);
+        for n in [0, 7, 999] {
+            // What node n receives, as object paths.
+            let mut watched: Vec<&str> = receives[n * 33..(n + 1) * 33]
+                .iter()
+                .map(String::as_str)
+                .collect();
+            watched.sort_unstable();
+            let mut mounted = Vec::new();
+            for (collection, pod) in &pods[n * p.ns_per_node..(n + 1) * p.ns_per_node] {
+                assert_eq!(pod["spec"]["nodeName"], node_name(n));
+                let ns = collection
+                    .trim_start_matches("/api/v1/namespaces/")
+                    .trim_end_matches("/pods");
+                for v in pod["spec"]["volumes"].as_array().into_iter().flatten() {
+                    let (kind, name) = match v.get("secret") {
+                        Some(s) => ("secrets", &s["secretName"]),
+                        None => ("configmaps", &v["configMap"]["name"]),
+                    };
+                    mounted.push(object_path(ns, kind, name.as_str().unwrap_or("")));
+                }
+            }
+            mounted.sort_unstable();
+            assert_eq!(mounted, watched, "node {n}");
+            assert!(watches[n * 33].0.contains("fieldSelector=metadata.name%3D"));
+        }
     }
 
     #[test]
