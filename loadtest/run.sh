@@ -20,7 +20,7 @@
 #
 # Environment: KCACHE_BENCH_RESULTS (default loadtest/results), KCACHE_BENCH_NO_BUILD=1
 # (use the binaries in target/release as they are), KCACHE_BENCH_NOFILE (open-file limit
-# to ask for, default 200000), KCACHE_BENCH_LOG_DIR (copy kcache.log and apiserver.log
+# to ask for, default 200000), KCACHE_BENCH_LOG_DIR (copy kcache*.log, apiserver.log and nats.log
 # there at the end, whatever the outcome), KCACHE_BENCH_SERVER_TOML and
 # KCACHE_BENCH_CACHE_TOML (an experiment's extra [server] and [cache] lines of kcache's
 # configuration, recorded with the rest). CARGO_TARGET_DIR, if set, is where cargo
@@ -95,7 +95,8 @@ cleanup() {
   wait 2>/dev/null || true
   if [[ -n ${KCACHE_BENCH_LOG_DIR:-} ]]; then
     mkdir -p "$KCACHE_BENCH_LOG_DIR"
-    cp "$KUBE_DIR"/kcache.log "$KUBE_DIR"/apiserver.log "$KCACHE_BENCH_LOG_DIR"/ 2>/dev/null || true
+    # A fleet's other replicas (kcache-r<i>.log) and its nats-server too.
+    cp "$KUBE_DIR"/kcache*.log "$KUBE_DIR"/apiserver.log "$KUBE_DIR"/nats.log "$KCACHE_BENCH_LOG_DIR"/ 2>/dev/null || true
   fi
   if ((status == 0)) && [[ -z ${KCACHE_BENCH_KEEP_LOGS:-} ]]; then
     rm -rf "$KUBE_DIR"
