@@ -49,6 +49,11 @@ struct Event {
 struct Object {
     #[serde(default)]
     metadata: Meta,
+    /// An `ERROR` event's Status: its code and reason, for the failure's reason.
+    #[serde(default)]
+    code: Option<u16>,
+    #[serde(default)]
+    reason: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -135,6 +140,11 @@ fn on_line(line: &[u8], at: Instant, rec: &Recorder) -> bool {
             rec.delivered(&delete_key(&m.namespace, &m.name), at);
         }
         "BOOKMARK" => return false,
+        "ERROR" => rec.failure(format!(
+            "watch event ERROR {} {}",
+            ev.object.code.map_or("-".into(), |c| c.to_string()),
+            ev.object.reason.as_deref().unwrap_or("-")
+        )),
         _ => rec.failure(format!("watch event {}", ev.kind)),
     }
     true
@@ -283,5 +293,6 @@ mod tests {
         assert!(on_line(b"{not json", now, &rec));
         assert_eq!(rec.count(0), 2);
         assert_eq!(Counters::get(&rec.counters.errors), 2);
+        assert_eq!(rec.reasons()["watch event ERROR 410 -"], 1);
     }
 }

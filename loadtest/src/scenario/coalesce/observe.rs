@@ -110,6 +110,7 @@ pub(super) const KCACHE_METRICS: &[&str] = &[
     "kcache_nats_messages_published_total",
     "kcache_nats_messages_received_total",
     "kcache_auth_reviews_total",
+    "kcache_watch_expired_total",
 ];
 
 pub(super) async fn snapshot(ctx: &Ctx, t: &Target) -> Snapshot {
