@@ -510,12 +510,23 @@ impl Proxy {
         let in_flight = self.slots.admit(kind)?;
         // A long-running response can sit idle for minutes: end it when its client
         // hangs up, not at the next upstream event (`hangup`).
-        let hangup = (kind == Kind::LongRunning)
-            .then(|| {
-                req.conn_data::<crate::hangup::ConnFd>()
-                    .and_then(|c| c.socket())
-            })
-            .flatten();
+        // On HTTP/2 this task can outlive its connection: a client already gone is not
+        // sent upstream.
+        let hangup = match (kind == Kind::LongRunning)
+            .then(|| req.conn_data::<crate::hangup::ConnFd>())
+            .flatten()
+            .map(crate::hangup::ConnFd::socket)
+        {
+            Some(crate::hangup::Peer::Socket(sock)) => Some(sock),
+            Some(crate::hangup::Peer::Gone) => {
+                return Err(ApiError::new(
+                    499,
+                    "ClientClosedRequest",
+                    "the client closed its connection before the request was forwarded",
+                ));
+            }
+            Some(crate::hangup::Peer::Unknown) | None => None,
+        };
         let uri = req
             .uri()
             .path_and_query()
