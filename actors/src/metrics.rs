@@ -123,7 +123,7 @@ pub fn describe() {
     );
     describe_counter!(
         WINDOW_BACKFILLS,
-        "Watches from before a young key's window: outcome=extended (nothing changed since, served) or changed (410)."
+        "Replays for watches from before a young key's window, by outcome: extended (the window reaches back, served), upstream_refused, window_moved, inconsistent, too_many_events (410 unless another round serves them); overdue counts each watch whose replay had not answered by its deadline (served if the window reaches by then, else 410)."
     );
     describe_counter!(
         COVERED_REQUESTS,

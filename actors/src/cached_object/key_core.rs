@@ -743,6 +743,9 @@ impl<L, R> KeyCore<L, R> {
             .partition(|(_, deadline)| now >= *deadline);
         self.backfill = waiting;
         for (watch, _) in overdue {
+            // Counted, so a 410 from a replay that answered too late is told apart from
+            // the window's own (`kcache_watch_expired_total` counts both).
+            metrics::counter!(m::WINDOW_BACKFILLS, "group" => self.labels[0].1.clone(), "resource" => self.labels[1].1.clone(), "outcome" => "overdue").increment(1);
             self.activate(now, watch, false, out);
         }
     }
