@@ -151,14 +151,6 @@ impl Workers {
         Ok(w)
     }
 
-    pub fn len(&self) -> usize {
-        self.senders.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.senders.is_empty()
-    }
-
     /// Hands one watch to the worker that holds connection `conn` of pool `pool`
     /// ([`crate::client::ConnPool::id`]). A
     /// worker that has gone away fails its watches (counted, so nothing waits on them).
