@@ -26,6 +26,7 @@ pub const COVERED_REQUESTS: &str = "kcache_covered_requests_total";
 pub const COALESCINGS: &str = "kcache_coalescings_total";
 pub const COALESCE_SPLITS: &str = "kcache_coalesce_splits_total";
 pub const COALESCE_MOVED_WATCHERS: &str = "kcache_coalesce_moved_watchers_total";
+pub const MOVED_WATCH_STARTS: &str = "kcache_moved_watch_starts_total";
 pub const COALESCE_SAVED_WATCHES: &str = "kcache_coalesce_upstream_watches_saved";
 pub const COALESCE_REQUEST_WAITS: &str = "kcache_coalesce_request_waits_total";
 pub const KEYS_STARTED: &str = "kcache_keys_started_total";
@@ -152,6 +153,10 @@ pub fn describe() {
     describe_counter!(
         COALESCE_MOVED_WATCHERS,
         "Watchers moved between a name key and its namespace key, either way, without closing their watch."
+    );
+    describe_counter!(
+        MOVED_WATCH_STARTS,
+        "Moved watchers as the key they joined started them (start: unchanged — their one object is at the same RV on both keys, so they start at the joined key's progress with nothing to replay; from_rv — replayed from where the old key left them, which may need a window backfill)."
     );
     describe_counter!(
         KEYS_REFUSED,

@@ -46,6 +46,17 @@ pub struct Subscribe {
     /// The key the watch asked for, when this key covers it (`core::cover`): splitting
     /// moves these watchers back to their own key.
     pub asked: Option<Box<Key>>,
+    /// Set when the watch moved here from another key (`ToWatcher::Move`).
+    pub moved: Option<MovedFrom>,
+}
+
+/// A moved watch, as the key it left saw it at the plan's `from_rv`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MovedFrom {
+    /// The RV of the one object the watch asks for, when it asks for one and the key it
+    /// left held it: the key it joins skips the replay if it holds the object at the
+    /// same RV (`core::coalesce::moved_start`).
+    pub object_rv: Option<u64>,
 }
 
 /// A watcher wrote its initial events or replay, up to the key's sequence number
@@ -97,6 +108,8 @@ pub struct Move {
     pub key: Key,
     pub link: KeyLink,
     pub after_rv: u64,
+    /// See [`MovedFrom::object_rv`].
+    pub object_rv: Option<u64>,
 }
 
 /// The watcher's start: initial ADDED events (state at `initial_rv`) or events to replay.

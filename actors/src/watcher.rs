@@ -32,7 +32,9 @@ use crate::core::rv::WatchPlan;
 use crate::dispatch_budget::DispatchBudget;
 use crate::metrics as m;
 use crate::registry::{Moved, Registry, Release};
-use crate::watch_feed::{CloseReason, KeyLink, Move, Ready, Start, Subscribe, ToKey, ToWatcher};
+use crate::watch_feed::{
+    CloseReason, KeyLink, Move, MovedFrom, Ready, Start, Subscribe, ToKey, ToWatcher,
+};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -511,7 +513,7 @@ impl Actor for Watcher {
             self.spec.keepalive,
         ));
         self.deadline = deadline;
-        self.subscribe(self.spec.plan, ctx);
+        self.subscribe(self.spec.plan, None, ctx);
     }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
@@ -704,7 +706,7 @@ impl Handler<ToWatcher> for Watcher {
 
 impl Watcher {
     /// Subscribes to the key in `spec.cached`.
-    fn subscribe(&mut self, plan: WatchPlan, ctx: &mut Context<Self>) {
+    fn subscribe(&mut self, plan: WatchPlan, moved: Option<MovedFrom>, ctx: &mut Context<Self>) {
         self.spec.cached.do_send(ToKey::Subscribe(Subscribe {
             id: self.id,
             link: ctx.address().recipient(),
@@ -712,6 +714,7 @@ impl Watcher {
             allow_bookmarks: self.spec.allow_bookmarks,
             deadline: Some(self.deadline),
             asked: self.spec.asked.clone(),
+            moved,
         }));
     }
 
@@ -755,7 +758,10 @@ impl Watcher {
             initial_events_end_bookmark: false,
             from_rv: m.after_rv,
         };
-        self.subscribe(plan, ctx);
+        let moved = MovedFrom {
+            object_rv: m.object_rv,
+        };
+        self.subscribe(plan, Some(moved), ctx);
     }
 
     fn on_start(&mut self, msg: Start, ctx: &mut Context<Self>) {

@@ -682,7 +682,7 @@ async fn long_grace_replica(cluster: &TestCluster, nats: &support::nats::Nats, i
 }
 
 /// Single-object watches through `k` of the ConfigMaps `cm<i>`.
-async fn watches_of(k: &Kcache, names: [usize; 3]) -> Vec<support::http::Events> {
+async fn watches_of<const N: usize>(k: &Kcache, names: [usize; N]) -> Vec<support::http::Events> {
     let http = support::http::Http::new(&k.url);
     let mut watches = Vec::new();
     for i in names {
@@ -982,4 +982,55 @@ async fn a_watch_abandoned_while_its_group_is_decided_leaves_no_reference() {
         ),
         0.0
     );
+}
+
+/// A watcher moved from a quiet name key onto its coalesced namespace key is not replayed
+/// from where the name key last heard anything — that lies before the namespace key's
+/// list whenever the cluster wrote anything else meanwhile, and a replay from before a
+/// key's list needs the API server's (a window backfill: one per key at a time, each up to
+/// seconds; at a million watches 729 of them missed their deadline and ended in 410,
+/// issue 31.2). Its object at the same RV on both keys shows nothing happened to it
+/// since: it starts at the namespace key's progress, and its next event is the next write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_watcher_whose_object_did_not_change_needs_no_replay() {
+    let (cluster, k, api) =
+        namespace_through_kcache("[cache]\ncoalesce_min_names = 4\ncoalesce_fraction = 0.3\n")
+            .await;
+    create_objects(&api).await;
+    // Three names: below coalesce_min_names, three name keys, each listed now.
+    let mut watches = watches_of(&k, [0, 1, 2]).await;
+    for w in &mut watches {
+        let added = events_until_quiet(w, Duration::from_secs(1)).await;
+        assert_eq!(added.len(), 1, "{added:?}");
+    }
+    eventually("three name keys", Duration::from_secs(10), || async {
+        name_keys(&k).await == 3
+    })
+    .await;
+    // The cluster moves on: a write the name keys do not see, so their progress stays
+    // behind every later list.
+    support::http::put_secret(&cluster.kube_client().await, NS, "elsewhere", "x").await;
+    // A fourth name coalesces the namespace; its key lists after that write, and the three
+    // watchers move onto it.
+    let _fourth = watches_of(&k, [3]).await;
+    coalesced_into_one_watch(&k, Duration::from_secs(30), "the name keys stopped").await;
+    let text = k.metrics_text().await;
+    let sum = |name: &str, labels: &[(&str, &str)]| support::prom::sum(&text, name, labels);
+    assert_eq!(
+        sum("kcache_coalesce_moved_watchers_total", &[]),
+        3.0,
+        "{text}"
+    );
+    assert_eq!(sum("kcache_window_backfills_total", &[]), 0.0, "{text}");
+    assert_eq!(
+        sum("kcache_moved_watch_starts_total", &[("start", "unchanged")]),
+        3.0,
+        "{text}"
+    );
+    // Each moved watch goes on with its next write: nothing replayed, nothing missed.
+    for (i, w) in watches.iter_mut().enumerate() {
+        let rv = write_after(&api, &format!("cm{i}"), "moved").await;
+        let seen = events_until_quiet(w, Duration::from_secs(2)).await;
+        assert_eq!(seen, vec![format!("MODIFIED {NS}/cm{i}@{rv}")]);
+    }
 }

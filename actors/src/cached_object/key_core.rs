@@ -40,7 +40,7 @@ use crate::core::watchers::{Entry, Watchers};
 use crate::core::window::{self, Window};
 use crate::feed::{OwnerSnapshot, ReplayCmd, SourceCmd};
 use crate::metrics as m;
-use crate::watch_feed::{self, CloseReason, Ready, ToWatcher};
+use crate::watch_feed::{self, CloseReason, MovedFrom, Ready, ToWatcher};
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum Error {
@@ -124,6 +124,8 @@ pub struct Watch<L> {
     pub deadline_ms: Option<u64>,
     /// The key the watch asked for, when this key covers it (`core::cover`).
     pub asked: Option<Box<Key>>,
+    /// Set when the watch moved here from another key.
+    pub moved: Option<MovedFrom>,
 }
 
 /// What happens to the key.
@@ -207,8 +209,13 @@ pub enum Output<L, R> {
     /// The follower's bookmark: the last seq and the progress RV, so mirrors detect a lost
     /// last event and can answer bookmarks and RV checks (the fleet's heartbeat).
     FollowerBookmark { seq: u64, rv: u64 },
-    /// Watcher (link) continues from the key a [`Input::HandOver`] named, after `after_rv`.
-    Move { link: L, after_rv: u64 },
+    /// Watcher (link) continues from the key a [`Input::HandOver`] named, after `after_rv`;
+    /// `object_rv`: the RV of the one object it asks for here, if any (`MovedFrom`).
+    Move {
+        link: L,
+        after_rv: u64,
+        object_rv: Option<u64>,
+    },
     /// How a [`Input::HandOver`] went.
     HandedOver(HandedOver),
 }
@@ -811,10 +818,24 @@ impl<L, R> KeyCore<L, R> {
     fn activate(
         &mut self,
         now: u64,
-        watch: Watch<L>,
+        mut watch: Watch<L>,
         may_backfill: bool,
         out: &mut Vec<Output<L, R>>,
     ) {
+        if let Some(moved) = watch.moved.take() {
+            let start = coalesce::moved_start(
+                watch.plan.from_rv,
+                moved.object_rv,
+                self.object_rv(watch.asked.as_deref()),
+                self.machine.progress(),
+            );
+            let how = match start {
+                coalesce::MovedStart::Unchanged(_) => "unchanged",
+                coalesce::MovedStart::From(_) => "from_rv",
+            };
+            metrics::counter!(m::MOVED_WATCH_STARTS, "group" => self.labels[0].1.clone(), "resource" => self.labels[1].1.clone(), "start" => how).increment(1);
+            watch.plan.from_rv = start.rv();
+        }
         let from = watch.plan.from_rv;
         let window = if watch.plan.initial_events {
             Ok(Vec::new())
@@ -876,6 +897,20 @@ impl<L, R> KeyCore<L, R> {
             id,
             msg: ToWatcher::Start(start),
         });
+    }
+
+    /// The RV of the one object `asked` (this key when `None`) names, when it names one
+    /// and the store holds it.
+    fn object_rv(&self, asked: Option<&Key>) -> Option<u64> {
+        if !asked.unwrap_or(&self.key).holds_at_most_one() {
+            return None;
+        }
+        let span = store::span(asked);
+        let mut objects = self.store.range(store::borrowed(&span));
+        match (objects.next(), objects.next()) {
+            (Some((_, o)), None) => Some(o.rv()),
+            _ => None,
+        }
     }
 
     /// Continues a watcher that wrote its backlog up to `after_seq`: the events since,
@@ -951,9 +986,11 @@ impl<L, R> KeyCore<L, R> {
                 for id in live {
                     // Its pending bookmark finds no watcher and is dropped (`tick`).
                     if let Some(w) = self.watchers.remove(id) {
+                        let object_rv = self.object_rv(w.asked.as_deref());
                         out.push(Output::Move {
                             link: w.link,
                             after_rv,
+                            object_rv,
                         });
                         handed.moved += 1;
                     }
@@ -1062,7 +1099,35 @@ mod tests {
             allow_bookmarks: true,
             deadline_ms: None,
             asked: None,
+            moved: None,
         })
+    }
+
+    /// Watch `id` moved here from another key after `from`, asking for object `name` of
+    /// namespace `n`, which the key it left held at `object_rv`.
+    fn moved_watch(
+        id: u64,
+        link: &'static str,
+        from: u64,
+        name: &str,
+        object_rv: Option<u64>,
+    ) -> In {
+        let Input::Subscribe(mut w) = watch(id, link, from, false) else {
+            unreachable!("watch() subscribes")
+        };
+        w.asked = Some(Box::new(name_key(name)));
+        w.moved = Some(MovedFrom { object_rv });
+        Input::Subscribe(w)
+    }
+
+    fn name_key(name: &str) -> Key {
+        Key::new(
+            key().resource,
+            Scope::Name {
+                namespace: Some("n".into()),
+                name: name.into(),
+            },
+        )
     }
 
     fn ready(id: u64, after_seq: u64) -> In {
@@ -1147,7 +1212,11 @@ mod tests {
             Output::Command(SourceCmd::Replay(c)) => format!("replay {}..{}", c.from, c.to),
             Output::ToFollower(e) => format!("follower {}#{}", e.rv, e.seq),
             Output::FollowerBookmark { seq, rv } => format!("follower bookmark #{seq} {rv}"),
-            Output::Move { link, after_rv } => format!("{link} moves after {after_rv}"),
+            Output::Move {
+                link,
+                after_rv,
+                object_rv,
+            } => format!("{link} moves after {after_rv} (object at {object_rv:?})"),
             Output::HandedOver(h) => format!("handed over {} left {}", h.moved, h.left),
         }
     }
@@ -1371,8 +1440,53 @@ mod tests {
                     "w1: start []@10 replay [] seq 0",
                     "w1: replay [] upto 0 live",
                     "w2: start []@10 replay [] seq 0",
-                    "w1 moves after 10; handed over 1 left 1",
+                    "w1 moves after 10 (object at None); handed over 1 left 1",
                 ],
+            ),
+            (
+                "a watcher of one object moves with its object's RV",
+                vec![
+                    (0, listed(&[("a", 5), ("b", 6)], 10, false)),
+                    (1, moved_watch(1, "w1", 10, "a", None)),
+                    (2, ready(1, 0)),
+                    (
+                        3,
+                        Input::HandOver {
+                            only_asked: Some(name_key("a")),
+                            to_synced: true,
+                        },
+                    ),
+                ],
+                vec![
+                    "",
+                    "w1: start []@10 replay [] seq 0",
+                    "w1: replay [] upto 0 live",
+                    "w1 moves after 10 (object at Some(5)); handed over 1 left 0",
+                ],
+            ),
+            (
+                "a moved watch whose object did not change starts at the key's progress, no replay",
+                vec![
+                    (0, listed(&[("a", 5), ("b", 6)], 10, false)),
+                    (1, moved_watch(1, "w1", 7, "a", Some(5))),
+                ],
+                vec!["", "w1: start []@10 replay [] seq 0"],
+            ),
+            (
+                "a moved watch whose object changed since is replayed from where it was left",
+                vec![
+                    (0, listed(&[("a", 9), ("b", 6)], 10, false)),
+                    (1, moved_watch(1, "w1", 7, "a", Some(5))),
+                ],
+                vec!["", "replay 7..10"],
+            ),
+            (
+                "a moved watch of an object neither key held is replayed (it may have come and gone)",
+                vec![
+                    (0, listed(&[("b", 6)], 10, false)),
+                    (1, moved_watch(1, "w1", 7, "a", None)),
+                ],
+                vec!["", "replay 7..10"],
             ),
             (
                 "a key that stops answers its waits and closes its watchers",

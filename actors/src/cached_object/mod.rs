@@ -128,12 +128,17 @@ impl CachedObject {
                     Output::FollowerBookmark { seq, rv } => {
                         self.to_follower(Follow::Bookmark { seq, rv })
                     }
-                    Output::Move { link, after_rv } => match to {
+                    Output::Move {
+                        link,
+                        after_rv,
+                        object_rv,
+                    } => match to {
                         Some((key, key_link)) => {
                             link.do_send(ToWatcher::Move(crate::watch_feed::Move {
                                 key: key.clone(),
                                 link: key_link.clone(),
                                 after_rv,
+                                object_rv,
                             }))
                         }
                         // Only a handover moves watchers, and it names where to.
@@ -356,6 +361,7 @@ impl CachedObject {
                 .deadline
                 .map(|d| now + d.saturating_duration_since(Instant::now()).as_millis() as u64),
             asked: sub.asked,
+            moved: sub.moved,
         }
     }
 }

@@ -191,6 +191,45 @@ pub fn handover_rv(from_progress: u64, to_synced: bool) -> Option<u64> {
     to_synced.then_some(from_progress)
 }
 
+/// Where a moved watch of one object starts on the key it joins, from the RV its old key
+/// left it at (`from_rv`, see [`handover_rv`]), the RV of its object there (`then`) and
+/// on the joined key now (`now`, at that key's `progress`).
+///
+/// The joined key usually listed after the old key last heard anything (a quiet name key
+/// learns of progress only from its own object's events and bookmarks), so `from_rv` lies
+/// before the joined key's list, and replaying from it needs the API server's replay (a
+/// window backfill, one per key at a time, each up to seconds). But when the object is at
+/// the same RV on both, it did not change since `then` <= `from_rv`: any write to it, a
+/// delete and re-create too, would have given it a newer RV. So there is nothing to
+/// replay for this watch up to `progress`, and it starts there. An object absent from
+/// both may still have come and gone in between: that keeps `from_rv`.
+pub fn moved_start(from_rv: u64, then: Option<u64>, now: Option<u64>, progress: u64) -> MovedStart {
+    match (then, now) {
+        (Some(then), Some(now)) if then == now && from_rv < progress => {
+            MovedStart::Unchanged(progress)
+        }
+        _ => MovedStart::From(from_rv),
+    }
+}
+
+/// See [`moved_start`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MovedStart {
+    /// The object did not change since the old key's RV: start at the joined key's
+    /// progress, nothing to replay.
+    Unchanged(u64),
+    /// Replay from this RV (the old key's).
+    From(u64),
+}
+
+impl MovedStart {
+    pub fn rv(self) -> u64 {
+        match self {
+            MovedStart::Unchanged(rv) | MovedStart::From(rv) => rv,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -355,5 +394,35 @@ mod tests {
     fn a_watcher_moves_to_a_synced_key_from_where_the_old_one_left_it() {
         assert_eq!(handover_rv(100, true), Some(100));
         assert_eq!(handover_rv(100, false), None);
+    }
+
+    #[test]
+    fn a_moved_watch_skips_the_replay_only_when_its_object_did_not_change() {
+        use MovedStart::*;
+        // (from_rv, object's RV on the old key, on the joined key, joined key's progress)
+        let cases = [
+            // Same object, same RV, the joined key ahead: nothing happened to it since.
+            ((100, Some(90), Some(90), 250), Unchanged(250)),
+            // It changed after the old key last heard (or was deleted and created again).
+            ((100, Some(90), Some(180), 250), From(100)),
+            // Gone from the joined key: the delete is in its window.
+            ((100, Some(90), None, 250), From(100)),
+            // Absent from both: it may have come and gone in between.
+            ((100, None, None, 250), From(100)),
+            // Created since.
+            ((100, None, Some(180), 250), From(100)),
+            // The joined key is not ahead: from_rv as before (its floor drops the rest).
+            ((250, Some(90), Some(90), 250), From(250)),
+            ((300, Some(90), Some(90), 250), From(300)),
+        ];
+        for ((from, then, now, progress), want) in cases {
+            assert_eq!(
+                moved_start(from, then, now, progress),
+                want,
+                "from {from}, then {then:?}, now {now:?}, progress {progress}"
+            );
+        }
+        assert_eq!(Unchanged(7).rv(), 7);
+        assert_eq!(From(3).rv(), 3);
     }
 }

@@ -113,6 +113,35 @@ pub(super) const KCACHE_METRICS: &[&str] = &[
     "kcache_watch_expired_total",
 ];
 
+/// kcache's metrics the report reads by one label's value: (recorded as, metric, label,
+/// value).
+pub(super) const KCACHE_LABELLED: &[(&str, &str, &str, &str)] = &[
+    (
+        "kcache_window_backfills_total{outcome=\"extended\"}",
+        "kcache_window_backfills_total",
+        "outcome",
+        "extended",
+    ),
+    (
+        "kcache_window_backfills_total{outcome=\"overdue\"}",
+        "kcache_window_backfills_total",
+        "outcome",
+        "overdue",
+    ),
+    (
+        "kcache_moved_watch_starts_total{start=\"unchanged\"}",
+        "kcache_moved_watch_starts_total",
+        "start",
+        "unchanged",
+    ),
+    (
+        "kcache_moved_watch_starts_total{start=\"from_rv\"}",
+        "kcache_moved_watch_starts_total",
+        "start",
+        "from_rv",
+    ),
+];
+
 pub(super) async fn snapshot(ctx: &Ctx, t: &Target) -> Snapshot {
     let http = &ctx.api.http;
     let token = &ctx.args.token;
@@ -135,6 +164,10 @@ pub(super) async fn snapshot(ctx: &Ctx, t: &Target) -> Snapshot {
                 for name in KCACHE_METRICS {
                     *s.kcache.entry(name).or_default() +=
                         probe::sum_samples(&text, name).unwrap_or(0.0);
+                }
+                for (recorded, name, label, value) in KCACHE_LABELLED {
+                    *s.kcache.entry(recorded).or_default() +=
+                        probe::sum_where(&text, name, &[(label, value)]);
                 }
             }
         }
