@@ -1052,8 +1052,12 @@ mod tests {
     }
 
     fn core() -> KeyCore<&'static str, u32> {
+        core_of(key())
+    }
+
+    fn core_of(key: Key) -> KeyCore<&'static str, u32> {
         KeyCore::new(
-            key(),
+            key,
             Settings {
                 window_capacity: 8,
                 timing: key_machine::Timing {
@@ -1473,6 +1477,14 @@ mod tests {
                 vec!["", "w1: start []@10 replay [] seq 0"],
             ),
             (
+                "a moved watch that arrives before the key's list is decided once it is synced",
+                vec![
+                    (0, moved_watch(1, "w1", 7, "a", Some(5))),
+                    (1, listed(&[("a", 5), ("b", 6)], 10, false)),
+                ],
+                vec!["", "w1: start []@10 replay [] seq 0"],
+            ),
+            (
                 "a moved watch whose object changed since is replayed from where it was left",
                 vec![
                     (0, listed(&[("a", 9), ("b", 6)], 10, false)),
@@ -1516,6 +1528,35 @@ mod tests {
             }
         }
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    /// Splitting: a watcher moved back from the namespace key to its own name key, whose
+    /// store is its one object (the watch asks for the key itself).
+    #[test]
+    fn a_name_key_starts_a_watcher_moved_back_from_its_unchanged_object() {
+        let moved_back = |object_rv| {
+            let Input::Subscribe(mut w) = watch(1, "w1", 7, false) else {
+                unreachable!("watch() subscribes")
+            };
+            w.moved = Some(MovedFrom { object_rv });
+            Input::Subscribe(w)
+        };
+        let mut core = core_of(name_key("a"));
+        core.apply(0, listed(&[("a", 5)], 10, false));
+        let outs: Vec<String> = core
+            .apply(1, moved_back(Some(5)))
+            .iter()
+            .map(render)
+            .collect();
+        assert_eq!(outs, vec!["w1: start []@10 replay [] seq 0"]);
+        let mut core = core_of(name_key("a"));
+        core.apply(0, listed(&[("a", 9)], 10, false));
+        let outs: Vec<String> = core
+            .apply(1, moved_back(Some(5)))
+            .iter()
+            .map(render)
+            .collect();
+        assert_eq!(outs, vec!["replay 7..10"]);
     }
 
     #[test]

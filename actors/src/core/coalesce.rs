@@ -202,10 +202,14 @@ pub fn handover_rv(from_progress: u64, to_synced: bool) -> Option<u64> {
 /// the same RV on both, it did not change since `then` <= `from_rv`: any write to it, a
 /// delete and re-create too, would have given it a newer RV. So there is nothing to
 /// replay for this watch up to `progress`, and it starts there. An object absent from
-/// both may still have come and gone in between: that keeps `from_rv`.
+/// both may still have come and gone in between: that keeps `from_rv`; so does an RV
+/// that proves nothing (0, an object without one) or one past `from_rv` (the old key's
+/// store is exact at its progress, so that would be a broken key).
 pub fn moved_start(from_rv: u64, then: Option<u64>, now: Option<u64>, progress: u64) -> MovedStart {
     match (then, now) {
-        (Some(then), Some(now)) if then == now && from_rv < progress => {
+        (Some(then), Some(now))
+            if then == now && then > 0 && then <= from_rv && from_rv < progress =>
+        {
             MovedStart::Unchanged(progress)
         }
         _ => MovedStart::From(from_rv),
@@ -411,6 +415,10 @@ mod tests {
             ((100, None, None, 250), From(100)),
             // Created since.
             ((100, None, Some(180), 250), From(100)),
+            // No RV (0) proves nothing; nor does one past the old key's progress.
+            ((100, Some(0), Some(0), 250), From(100)),
+            ((100, Some(120), Some(120), 250), From(100)),
+            ((100, Some(100), Some(100), 250), Unchanged(250)),
             // The joined key is not ahead: from_rv as before (its floor drops the rest).
             ((250, Some(90), Some(90), 250), From(250)),
             ((300, Some(90), Some(90), 250), From(300)),
