@@ -172,6 +172,38 @@ impl Key {
         }
     }
 
+    /// The key this small key coalesces into (`core::coalesce`): a namespaced name key's
+    /// namespace key, a node key's cluster key; `None` for every other key.
+    pub fn group(&self) -> Option<Key> {
+        match &self.scope {
+            Scope::Name {
+                namespace: Some(ns),
+                ..
+            } => Some(Key::new(
+                self.resource.clone(),
+                Scope::Namespace(ns.clone()),
+            )),
+            Scope::Node(_) => Some(Key::new(self.resource.clone(), Scope::Cluster)),
+            _ => None,
+        }
+    }
+
+    /// Whether this key is `small`'s [`Key::group`], without building it.
+    pub fn is_group_of(&self, small: &Key) -> bool {
+        let scopes = match (&small.scope, &self.scope) {
+            (
+                Scope::Name {
+                    namespace: Some(ns),
+                    ..
+                },
+                Scope::Namespace(group_ns),
+            ) => ns == group_ns,
+            (Scope::Node(_), Scope::Cluster) => true,
+            _ => false,
+        };
+        scopes && small.resource == self.resource
+    }
+
     /// A name key in one namespace (or of a cluster-scoped resource): at most one
     /// object, however the upstream pages a list of it.
     pub fn holds_at_most_one(&self) -> bool {
@@ -273,6 +305,56 @@ mod tests {
     }
     fn fs(s: &str) -> FieldSelector {
         FieldSelector::parse(s).expect("valid selector")
+    }
+
+    #[test]
+    fn small_keys_and_their_groups() {
+        let name = |r: &Arc<ResourceType>, ns: Option<&str>, n: &str| {
+            Key::new(
+                r.clone(),
+                Scope::Name {
+                    namespace: ns.map(str::to_string),
+                    name: n.into(),
+                },
+            )
+        };
+        let ns = |r: &Arc<ResourceType>, ns: &str| Key::new(r.clone(), Scope::Namespace(ns.into()));
+        let cluster = |r: &Arc<ResourceType>| Key::new(r.clone(), Scope::Cluster);
+        let node = Key::new(pods(), Scope::Node("n1".into()));
+        let keys = [
+            name(&secrets(), Some("a"), "s"),
+            name(&secrets(), Some("b"), "s"),
+            name(&namespaces(), None, "a"),
+            name(&secrets(), None, "s"),
+            ns(&secrets(), "a"),
+            ns(&secrets(), "b"),
+            ns(&pods(), "a"),
+            cluster(&secrets()),
+            cluster(&pods()),
+            node.clone(),
+        ];
+        let want = [
+            (0, Some(ns(&secrets(), "a"))),
+            (1, Some(ns(&secrets(), "b"))),
+            (2, None),
+            (3, None),
+            (4, None),
+            (7, None),
+            (9, Some(cluster(&pods()))),
+        ];
+        for (i, group) in want {
+            assert_eq!(keys[i].group(), group, "{}", keys[i]);
+        }
+        // is_group_of agrees with group() for every pair.
+        for small in &keys {
+            for big in &keys {
+                assert_eq!(
+                    big.is_group_of(small),
+                    small.group().as_ref() == Some(big),
+                    "{big} of {small}"
+                );
+            }
+        }
     }
 
     #[test]

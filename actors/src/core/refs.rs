@@ -6,7 +6,9 @@
 //! fleet owner other replicas still need). The Registry actor keeps each key's actor and
 //! status beside its count (`T`) and carries out the starts and stops this table names.
 //! In a fleet it also says which counts changed since it was last asked
-//! ([`Refs::take_changes`]): the fleet hears only those.
+//! ([`Refs::take_changes`]): the fleet hears only those. And it keeps each group key's
+//! small keys ([`Group`], `Key::group`) as references come and go, so the coalescing check
+//! reads its figures per group each second instead of walking every key and covered name.
 
 use std::collections::{HashMap, HashSet};
 
@@ -80,6 +82,18 @@ pub struct Refs<T> {
     /// With [`Refs::track_changes`]: the keys whose `refs`, and the asked keys whose
     /// covered count, changed since [`Refs::take_changes`].
     changes: Option<(HashSet<Key>, HashSet<Key>)>,
+    /// By group key; a group with no running small key and no watched name is dropped.
+    groups: HashMap<Key, Group>,
+}
+
+/// A group key's small keys (`Key::group`: a namespace key's name keys, the cluster
+/// pods key's node keys), as the coalescing check reads them.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Group {
+    /// The small keys running here (referenced, or in their grace period).
+    pub running: HashSet<Key>,
+    /// The group's watched small keys ([`Refs::is_watched`]), each counted once.
+    pub names: usize,
 }
 
 /// The counts that changed since they were last taken, as they are now (0: gone).
@@ -97,6 +111,76 @@ impl<T> Refs<T> {
             by_user: HashMap::new(),
             covered: HashMap::new(),
             changes: None,
+            groups: HashMap::new(),
+        }
+    }
+
+    /// Every group with a running small key or a watched name.
+    pub fn groups(&self) -> impl Iterator<Item = (&Key, &Group)> {
+        self.groups.iter()
+    }
+
+    pub fn group(&self, group: &Key) -> Option<&Group> {
+        self.groups.get(group)
+    }
+
+    /// Whether small key `small` of group key `group` is watched: it has references of its
+    /// own, or the group key serves requests of it.
+    pub fn is_watched(&self, small: &Key, group: &Key) -> bool {
+        self.entries.get(small).is_some_and(|e| e.refs > 0)
+            || self
+                .entries
+                .get(group)
+                .is_some_and(|e| e.covering.get(small).is_some_and(|n| *n > 0))
+    }
+
+    /// The group's watched small keys (its `names` of them), running or served by the
+    /// group key: read when a group splits, not every second.
+    pub fn watched_in(&self, group: &Key) -> Vec<Key> {
+        let referenced = |k: &Key| self.entries.get(k).is_some_and(|e| e.refs > 0);
+        let mut names: Vec<Key> = self
+            .groups
+            .get(group)
+            .into_iter()
+            .flat_map(|g| g.running.iter())
+            .filter(|k| referenced(k))
+            .cloned()
+            .collect();
+        if let Some(e) = self.entries.get(group) {
+            names.extend(
+                e.covering
+                    .iter()
+                    .filter(|(asked, n)| **n > 0 && group.is_group_of(asked) && !referenced(asked))
+                    .map(|(asked, _)| asked.clone()),
+            );
+        }
+        names
+    }
+
+    /// Counts `touched`'s small keys in or out of their group's names, from whether each
+    /// was watched before (`was`) and is now.
+    fn count_names(&mut self, touched: &[(Key, Key)], was: &[bool]) {
+        for ((small, group), was) in touched.iter().zip(was) {
+            let now = self.is_watched(small, group);
+            if now != *was {
+                let g = self.groups.entry(group.clone()).or_default();
+                g.names = if now {
+                    g.names + 1
+                } else {
+                    g.names.saturating_sub(1)
+                };
+            }
+            self.drop_if_empty(group);
+        }
+    }
+
+    fn drop_if_empty(&mut self, group: &Key) {
+        if self
+            .groups
+            .get(group)
+            .is_some_and(|g| g.names == 0 && g.running.is_empty())
+        {
+            self.groups.remove(group);
         }
     }
 
@@ -235,6 +319,21 @@ impl<T> Refs<T> {
     }
 
     fn reference(&mut self, key: &Key, asked: &Key, start: impl FnOnce() -> T) -> &mut Entry<T> {
+        // Once referenced, `key` and an `asked` it is the group of are watched.
+        for (small, group) in touched(key, asked) {
+            if !self.is_watched(&small, &group) {
+                self.groups.entry(group).or_default().names += 1;
+            }
+        }
+        if !self.entries.contains_key(key) {
+            if let Some(group) = key.group() {
+                self.groups
+                    .entry(group)
+                    .or_default()
+                    .running
+                    .insert(key.clone());
+            }
+        }
         let covered = (asked != key).then_some(asked);
         if let Some(asked) = covered {
             self.count_covered(asked, 1, true);
@@ -258,6 +357,20 @@ impl<T> Refs<T> {
 
     /// Drops a reference on `held`, taken for a request of `asked`.
     pub fn release(&mut self, held: &Key, asked: &Key) -> Released {
+        if !self.entries.contains_key(held) {
+            return Released::Unknown;
+        }
+        let touched = touched(held, asked);
+        let was: Vec<bool> = touched
+            .iter()
+            .map(|(small, group)| self.is_watched(small, group))
+            .collect();
+        let released = self.unreference(held, asked);
+        self.count_names(&touched, &was);
+        released
+    }
+
+    fn unreference(&mut self, held: &Key, asked: &Key) -> Released {
         let Some(e) = self.entries.get_mut(held) else {
             return Released::Unknown;
         };
@@ -313,7 +426,28 @@ impl<T> Refs<T> {
     /// Takes `key` out of the table now (whatever its references), its creator's budget
     /// given back.
     pub fn remove(&mut self, key: &Key) -> Option<T> {
+        let touched: Vec<(Key, Key)> = {
+            let e = self.entries.get(key)?;
+            key.group()
+                .map(|group| (key.clone(), group))
+                .into_iter()
+                .chain(
+                    e.covering
+                        .keys()
+                        .filter(|asked| key.is_group_of(asked))
+                        .map(|asked| (asked.clone(), key.clone())),
+                )
+                .collect()
+        };
+        let was: Vec<bool> = touched
+            .iter()
+            .map(|(small, group)| self.is_watched(small, group))
+            .collect();
         let e = self.entries.remove(key)?;
+        if let Some(g) = key.group().and_then(|group| self.groups.get_mut(&group)) {
+            g.running.remove(key);
+        }
+        self.count_names(&touched, &was);
         for (asked, n) in &e.covering {
             self.count_covered(asked, *n, false);
             self.changed(key, Some(asked));
@@ -334,8 +468,23 @@ impl<T> Refs<T> {
     pub fn drain(&mut self) -> impl Iterator<Item = (Key, T)> + '_ {
         self.by_user.clear();
         self.covered.clear();
+        self.groups.clear();
         self.entries.drain().map(|(k, e)| (k, e.value))
     }
+}
+
+/// The small keys (with their group key) whose watched state ([`Refs::is_watched`]) a
+/// reference on `key` for `asked` may change: `key` when it has a group, and `asked` when
+/// `key` is its group.
+fn touched(key: &Key, asked: &Key) -> Vec<(Key, Key)> {
+    let mut touched = Vec::new();
+    if let Some(group) = key.group() {
+        touched.push((key.clone(), group));
+    }
+    if asked != key && key.is_group_of(asked) {
+        touched.push((asked.clone(), key.clone()));
+    }
+    touched
 }
 
 #[cfg(test)]
@@ -590,6 +739,135 @@ mod tests {
         ];
         for (case, limits, steps, want) in cases {
             assert_eq!(run(limits, steps), want, "{case}");
+        }
+    }
+
+    /// The groups as the coalescing check once computed them each second, from every key
+    /// and covered name: the index must always say the same.
+    fn groups_walked(refs: &Refs<u32>) -> HashMap<Key, Group> {
+        let mut groups: HashMap<Key, Group> = HashMap::new();
+        let mut names: HashMap<Key, HashSet<Key>> = HashMap::new();
+        for (key, e) in refs.iter() {
+            if let Some(group) = key.group() {
+                groups
+                    .entry(group.clone())
+                    .or_default()
+                    .running
+                    .insert(key.clone());
+                if e.refs > 0 {
+                    names.entry(group).or_default().insert(key.clone());
+                }
+            }
+            for (asked, n) in &e.covering {
+                if *n > 0 && asked.group().as_ref() == Some(key) {
+                    names.entry(key.clone()).or_default().insert(asked.clone());
+                }
+            }
+        }
+        for (group, names) in names {
+            groups.entry(group).or_default().names = names.len();
+        }
+        groups
+    }
+
+    fn universe() -> Vec<Key> {
+        let secrets = Arc::new(ResourceType::new("", "v1", "secrets", "Secret", true));
+        let pods = Arc::new(ResourceType::new("", "v1", "pods", "Pod", true));
+        let name = |r: &Arc<ResourceType>, ns: &str, n: &str| {
+            Key::new(
+                r.clone(),
+                Scope::Name {
+                    namespace: Some(ns.into()),
+                    name: n.into(),
+                },
+            )
+        };
+        vec![
+            name(&secrets, "n", "a"),
+            name(&secrets, "n", "b"),
+            name(&secrets, "n", "c"),
+            name(&secrets, "m", "a"),
+            Key::new(secrets.clone(), Scope::Namespace("n".into())),
+            Key::new(secrets.clone(), Scope::Namespace("m".into())),
+            Key::new(secrets.clone(), Scope::Cluster),
+            Key::new(pods.clone(), Scope::Node("x".into())),
+            Key::new(pods.clone(), Scope::Node("y".into())),
+            Key::new(pods.clone(), Scope::Cluster),
+            name(&pods, "n", "p"),
+        ]
+    }
+
+    #[test]
+    fn the_group_index_follows_references_as_they_come_and_go() {
+        let (a, b, ns) = (name("a"), name("b"), ns());
+        let mut refs: Refs<u32> = Refs::new(Limits::default());
+        let figures = |refs: &Refs<u32>| {
+            refs.group(&ns).map(|g| {
+                let mut running: Vec<String> = g.running.iter().map(|k| k.to_string()).collect();
+                running.sort();
+                (g.names, running)
+            })
+        };
+        let running = |ks: &[&Key]| ks.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+        let _ = refs.acquire_for(&a, None, || 1);
+        assert_eq!(figures(&refs), Some((1, running(&[&a]))));
+        // The namespace key serves a and b: a counted once, b served without a key.
+        refs.acquire(&ns, &a, || 2);
+        refs.acquire(&ns, &b, || 2);
+        assert_eq!(figures(&refs), Some((2, running(&[&a]))));
+        let mut watched = refs.watched_in(&ns);
+        watched.sort_by_key(|k| k.to_string());
+        assert_eq!(watched, vec![a.clone(), b.clone()]);
+        // a's own watch goes: still watched through the namespace key, its key idle.
+        assert!(matches!(refs.release(&a, &a), Released::Idle { .. }));
+        assert_eq!(figures(&refs), Some((2, running(&[&a]))));
+        assert!(refs.is_watched(&a, &ns));
+        // The namespace key stops: b is no longer watched, a's idle key still runs.
+        refs.remove(&ns);
+        assert_eq!(figures(&refs), Some((0, running(&[&a]))));
+        refs.remove(&a);
+        assert_eq!(figures(&refs), None);
+    }
+
+    proptest::proptest! {
+        /// Any sequence of references, releases and removals, sensible or not: the index
+        /// says what walking the whole table says.
+        #[test]
+        fn the_group_index_matches_a_walk_of_the_table(
+            ops in proptest::collection::vec((0u8..4, 0usize..11, 0usize..11), 0..80)
+        ) {
+            let keys = universe();
+            let mut refs: Refs<u32> = Refs::new(Limits::default());
+            for (op, k, asked) in ops {
+                let (k, asked) = (&keys[k], &keys[asked]);
+                match op {
+                    0 => {
+                        let _ = refs.acquire_for(k, None, || 0);
+                    }
+                    1 => {
+                        refs.acquire(k, asked, || 0);
+                    }
+                    2 => {
+                        refs.release(k, asked);
+                    }
+                    _ => {
+                        refs.remove(k);
+                    }
+                }
+                let walked = groups_walked(&refs);
+                let indexed: HashMap<Key, Group> = refs
+                    .groups()
+                    .map(|(k, g)| (k.clone(), Group { running: g.running.clone(), names: g.names }))
+                    .collect();
+                proptest::prop_assert_eq!(&indexed, &walked);
+                for (group, g) in &walked {
+                    let mut watched = refs.watched_in(group);
+                    watched.sort_by_key(|k| k.to_string());
+                    proptest::prop_assert_eq!(watched.len(), g.names);
+                    watched.dedup();
+                    proptest::prop_assert_eq!(watched.len(), g.names);
+                }
+            }
         }
     }
 }

@@ -177,35 +177,17 @@ impl Coalescing {
     }
 }
 
-/// The big key a small key coalesces into: a name of a namespace into the namespace
-/// key, a node's pods into the cluster key.
-pub(super) fn group_key(key: &Key) -> Option<Key> {
-    match &key.scope {
-        Scope::Name {
-            namespace: Some(ns),
-            ..
-        } => Some(Key::new(key.resource.clone(), Scope::Namespace(ns.clone()))),
-        Scope::Node(_) => Some(Key::new(key.resource.clone(), Scope::Cluster)),
-        _ => None,
-    }
-}
-
 impl Registry {
-    /// The small keys watched per big key (`group_key`): running ones with references,
-    /// and those the big key serves for requests of theirs.
-    fn watched_names(&self) -> HashMap<Key, HashSet<Key>> {
-        let mut names: HashMap<Key, HashSet<Key>> = HashMap::new();
-        for (key, e) in self.keys.iter() {
-            if let (Some(big), true) = (group_key(key), e.refs > 0) {
-                names.entry(big).or_default().insert(key.clone());
-            }
-            for (asked, n) in &e.covering {
-                if *n > 0 && group_key(asked).as_ref() == Some(key) {
-                    names.entry(key.clone()).or_default().insert(asked.clone());
-                }
-            }
-        }
-        names
+    /// The group's small keys that run here and are watched (`Refs::is_watched`): with
+    /// references, or served by the group key.
+    fn running_names(&self, big: &Key) -> Vec<Key> {
+        self.keys
+            .group(big)
+            .into_iter()
+            .flat_map(|g| g.running.iter())
+            .filter(|k| self.keys.is_watched(k, big))
+            .cloned()
+            .collect()
     }
 
     /// The objects the small keys of a group hold, when known. A running name key holds
@@ -213,21 +195,20 @@ impl Registry {
     /// in); a name served by the namespace key, or watched on another replica only, counts
     /// as the one object it may be. Node keys hold their pods, which nobody counts once the
     /// cluster key serves them.
-    fn held(&self, big: &Key, names: usize, small: Option<&HashSet<Key>>) -> Option<u64> {
+    fn held(&self, big: &Key, names: usize) -> Option<u64> {
         let cluster = matches!(big.scope, Scope::Cluster);
         let (mut held, mut running) = (0, 0);
-        for k in small.into_iter().flatten() {
-            match self.keys.get(k) {
-                Some(e) => {
+        if let Some(g) = self.keys.group(big) {
+            for k in g.running.iter().filter(|k| self.keys.is_watched(k, big)) {
+                if let Some(e) = self.keys.get(k) {
                     held += e.value.status.objects.load(Ordering::Relaxed) as u64;
                     running += 1;
                 }
-                None if cluster => return None,
-                None => {}
             }
         }
+        // Watched node keys that do not run here: their pods are not counted.
         if cluster {
-            return Some(held);
+            return (running == self.keys.group(big).map_or(0, |g| g.names)).then_some(held);
         }
         Some(held + names.saturating_sub(running) as u64)
     }
@@ -238,12 +219,18 @@ impl Registry {
             return;
         }
         let now = self.now_ms();
-        let names = self.watched_names();
         self.sync_own_interest();
         if let Some(f) = &mut self.fleet {
             f.expire();
         }
-        let mut groups: HashSet<Key> = names.keys().cloned().collect();
+        // The reference table keeps each group's figures as references come and go: this
+        // costs the groups and their running keys, not every covered name.
+        let mut groups: HashSet<Key> = self
+            .keys
+            .groups()
+            .filter(|(_, g)| g.names > 0)
+            .map(|(k, _)| k.clone())
+            .collect();
         groups.extend(self.coalescing.keys().cloned());
         let mut saved = 0;
         for ns_key in groups {
@@ -251,7 +238,7 @@ impl Registry {
             // decision; a replica moves only its own watchers.
             let watched = match &self.fleet {
                 Some(fleet) => fleet.names_watched(&ns_key),
-                None => names.get(&ns_key).map_or(0, HashSet::len),
+                None => self.keys.group(&ns_key).map_or(0, |g| g.names),
             };
             // A running, synced namespace key knows its count.
             let running = self
@@ -266,14 +253,14 @@ impl Registry {
             }
             if matches!(c.state, State::Splitting(_)) {
                 // A split runs to its end before anything is decided again.
-                self.carry_on(&ns_key, names.get(&ns_key), ctx);
+                self.carry_on(&ns_key, ctx);
                 continue;
             }
             if c.coalesced() {
                 // One upstream watch where each of the names or nodes would have had one.
                 saved += watched.saturating_sub(1);
             }
-            let held = self.held(&ns_key, watched, names.get(&ns_key));
+            let held = self.held(&ns_key, watched);
             let c = self.coalescing.entry(ns_key.clone()).or_default();
             c.last = (watched, held);
             // The names asked since the last check run now (or are served by the
@@ -300,9 +287,9 @@ impl Registry {
                     self.count(ns_key.clone(), ctx);
                 }
                 Decision::Coalesce => self.coalesce(&ns_key, watched),
-                Decision::Split => self.split(&ns_key, names.get(&ns_key)),
+                Decision::Split => self.split(&ns_key),
             }
-            self.carry_on(&ns_key, names.get(&ns_key), ctx);
+            self.carry_on(&ns_key, ctx);
         }
         metrics::gauge!(m::COALESCE_SAVED_WATCHES).set(saved as f64);
         // Forget namespaces with nothing left to remember.
@@ -328,7 +315,7 @@ impl Registry {
         if self.keys.contains(asked) || self.cfg.coalesce_thresholds().min_names == 0 {
             return;
         }
-        let Some(group) = group_key(asked) else {
+        let Some(group) = asked.group() else {
             return;
         };
         if self
@@ -362,7 +349,7 @@ impl Registry {
             return None;
         }
         let t = self.cfg.coalesce_thresholds();
-        let group = group_key(asked)?;
+        let group = asked.group()?;
         if t.min_names == 0 || self.state(&group) == KeyState::Synced {
             // A synced namespace key covers the name already (`cover::route`).
             return None;
@@ -448,8 +435,9 @@ impl Registry {
             let Some(c) = act.coalescing.get(&group).filter(|c| c.coalesced()) else {
                 return;
             };
+            // Every name key of the group that runs here hands over, these among them.
             let names = c.asked.clone();
-            act.carry_on(&group, Some(&names), ctx);
+            act.carry_on(&group, ctx);
             let left = names.iter().any(|n| {
                 act.keys
                     .get(n)
@@ -541,9 +529,9 @@ impl Registry {
         tracing::info!(key = %ns_key, names, "coalescing the namespace's name keys into its namespace key");
     }
 
-    fn split(&mut self, ns_key: &Key, names: Option<&HashSet<Key>>) {
+    fn split(&mut self, ns_key: &Key) {
         let mut started = HashMap::new();
-        for name in names.into_iter().flatten() {
+        for name in &self.keys.watched_in(ns_key) {
             // Only the names the namespace key serves move back; a name key that still
             // runs keeps its own watchers. A name key start passes the replica's key
             // budget: past it, the name stays served by the namespace key (whose
@@ -569,7 +557,7 @@ impl Registry {
 
     /// Moves watchers while coalesced or splitting, and ends a split once every name key
     /// has its watchers back.
-    fn carry_on(&mut self, ns_key: &Key, names: Option<&HashSet<Key>>, ctx: &mut Context<Self>) {
+    fn carry_on(&mut self, ns_key: &Key, ctx: &mut Context<Self>) {
         let Some(ns) = self.keys.get(ns_key) else {
             return;
         };
@@ -586,7 +574,8 @@ impl Registry {
             State::Coalesced => {
                 let synced = ns_status.synced.load(Ordering::Relaxed);
                 let mut held = Vec::new();
-                for name in names.into_iter().flatten() {
+                // Only the names whose own keys run here have anything to hand over.
+                for name in &self.running_names(ns_key) {
                     let Some(e) = self.keys.get(name) else {
                         continue;
                     };
@@ -690,7 +679,7 @@ impl Handler<Moved> for Registry {
         // A name key whose watchers all moved to its coalesced namespace key is stopped at
         // once: the namespace key serves every request of the name from now on, so the
         // grace period would only keep a second upstream watch open for nothing.
-        let into_coalesced = group_key(&msg.from).as_ref() == Some(&msg.to)
+        let into_coalesced = msg.from.group().as_ref() == Some(&msg.to)
             && self
                 .coalescing
                 .get(&msg.to)

@@ -199,7 +199,7 @@ impl Registry {
         let covered = changes
             .covered
             .into_iter()
-            .filter(|(k, _)| coalesce::group_key(k).is_some())
+            .filter(|(k, _)| k.group().is_some())
             .map(|(k, n)| (Kind::Covered, k, n));
         for (kind, key, n) in refs.chain(covered) {
             let token = key_token(&key);
@@ -228,7 +228,7 @@ impl Registry {
                 .map(|e| (Kind::Refs, e.value.token.clone(), e.refs as u64));
             let covered = keys
                 .covered_counts()
-                .filter(|(k, _)| coalesce::group_key(k).is_some())
+                .filter(|(k, _)| k.group().is_some())
                 .map(|(k, n)| (Kind::Covered, key_token(k), n as u64));
             refs.chain(covered).collect()
         };
@@ -369,7 +369,8 @@ impl Registry {
         user: Option<&str>,
     ) -> Result<Held, Error> {
         self.adopt_fleet_coalescing(&asked);
-        let coalesced = coalesce::group_key(&asked)
+        let coalesced = asked
+            .group()
             .filter(|ns| self.coalescing.get(ns).is_some_and(|c| c.coalesced()));
         let key = cover::route(&asked, from_rv, coalesced.as_ref(), |k| {
             let reach = self.keys.get(k).map_or(0, |e| {
@@ -917,7 +918,7 @@ impl Handler<GetDebugKeys> for Registry {
                         .map(|(asked, n)| CoveredKey {
                             key: asked.to_string(),
                             refcount: *n,
-                            why: if coalesced && coalesce::group_key(asked).as_ref() == Some(k) {
+                            why: if coalesced && asked.group().as_ref() == Some(k) {
                                 "coalesced"
                             } else {
                                 "covered"
