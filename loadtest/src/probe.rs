@@ -13,14 +13,28 @@ use serde::Serialize;
 
 /// Resident set size of a process, in KiB (0 if it cannot be read).
 pub fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// The highest RSS process `pid` has had since it started (`VmHWM`, the kernel's own
+/// high-water mark: no sample misses a peak), in KiB; 0 when unknown.
+pub fn peak_rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmHWM:")
+}
+
+/// A `kB` field of `/proc/<pid>/status`; 0 when unknown.
+fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
+        .and_then(|s| status_field(&s, field))
         .unwrap_or(0)
+}
+
+fn status_field(status: &str, field: &str) -> Option<u64> {
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
 }
 
 /// The highest VmRSS of a process over a stretch of time: sampled every `every` on a
@@ -305,6 +319,18 @@ pub async fn metric(http: &reqwest::Client, base: &str, token: &str, name: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_a_field_of_proc_status() {
+        let status = "Name:\tkube-apiserver\nVmHWM:\t  812344 kB\nVmRSS:\t  640112 kB\n";
+        assert_eq!(status_field(status, "VmRSS:"), Some(640_112));
+        assert_eq!(status_field(status, "VmHWM:"), Some(812_344));
+        assert_eq!(status_field(status, "VmSwap:"), None);
+        // This process: its peak since it started is at least what it held a moment ago.
+        let me = std::process::id();
+        let held = rss_kib(me);
+        assert!(held > 0 && peak_rss_kib(me) >= held);
+    }
 
     #[test]
     fn reads_a_field_of_proc_io() {

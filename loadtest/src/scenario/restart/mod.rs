@@ -454,6 +454,17 @@ async fn measure(
     // Late arrivals of duplicates do not matter; the counters below are final.
     let cpu = Cpu::now(target_pid(new_pid), new_pid) - cpu_start;
     let rss_after = probe::rss_kib(target_pid(new_pid));
+    // The restarted API server's own peak, from its start through the reconnect storm to
+    // the last client's write: what coalescing is to spare it (the kernel's high-water
+    // mark; a new process, so all of it came after the restart).
+    let apiserver_peak_rss = probe::peak_rss_kib(new_pid);
+    let apiserver_rss_at_end = probe::rss_kib(new_pid);
+    ctx.progress.log(&format!(
+        "{}: restarted API server RSS: peak {} MiB, at the end {} MiB",
+        t.name,
+        apiserver_peak_rss / 1024,
+        apiserver_rss_at_end / 1024
+    ));
     let kcache_after = if t.is_apiserver() {
         None
     } else {
@@ -605,6 +616,8 @@ async fn measure(
             "apiserver_pid_after": new_pid,
             "down_seconds": secs(down),
             "apiserver_cpu_seconds_start_to_ready": apiserver_cpu_to_ready,
+            "apiserver_peak_rss_kib_after_restart": apiserver_peak_rss,
+            "apiserver_rss_kib_at_end": apiserver_rss_at_end,
             "target_rss_kib_with_watches_before_kill": rss_open,
             "target_rss_kib_at_end": rss_after,
             "writes": results.len(),
