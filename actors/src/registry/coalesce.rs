@@ -197,18 +197,17 @@ impl Registry {
     /// cluster key serves them.
     fn held(&self, big: &Key, names: usize) -> Option<u64> {
         let cluster = matches!(big.scope, Scope::Cluster);
+        let group = self.keys.group(big);
         let (mut held, mut running) = (0, 0);
-        if let Some(g) = self.keys.group(big) {
-            for k in g.running.iter().filter(|k| self.keys.is_watched(k, big)) {
-                if let Some(e) = self.keys.get(k) {
-                    held += e.value.status.objects.load(Ordering::Relaxed) as u64;
-                    running += 1;
-                }
+        for k in group.into_iter().flat_map(|g| g.running.iter()) {
+            if let Some(e) = self.keys.get(k).filter(|_| self.keys.is_watched(k, big)) {
+                held += e.value.status.objects.load(Ordering::Relaxed) as u64;
+                running += 1;
             }
         }
         // Watched node keys that do not run here: their pods are not counted.
         if cluster {
-            return (running == self.keys.group(big).map_or(0, |g| g.names)).then_some(held);
+            return (running == group.map_or(0, |g| g.names)).then_some(held);
         }
         Some(held + names.saturating_sub(running) as u64)
     }
