@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::http::header::HeaderMap;
 use actix_web::HttpResponse;
 use bytes::Bytes;
 use kcache_actors::core::cover;
@@ -150,11 +149,12 @@ pub async fn watch(
         keepalive,
         permit: Some(Box::new(permit)),
     }));
-    let mut res = HttpResponse::Ok()
+    // Its head is given back once sent, not held for the watch's life (the HTTP/2
+    // dispatcher in vendor/actix-http; tests/http_stack.rs).
+    let res = HttpResponse::Ok()
         .content_type(content_type)
         .insert_header(("Cache-Control", "no-cache, private"))
         .streaming(rx);
-    compact_headers(res.headers_mut());
     Ok(Served::Response(res))
 }
 
@@ -168,21 +168,6 @@ fn timeout(timeout_seconds: Option<i64>, min_request_timeout_secs: u64, jitter: 
         n if n < 0 => Duration::ZERO,
         n => Duration::from_nanos(n.unsigned_abs()),
     }
-}
-
-/// Replaces `headers` with a map just large enough for its entries.
-///
-/// actix-http pre-sizes every response's header map for 12 headers (about 3.4 KB) and, for
-/// HTTP/2, keeps the response head alive until the body ends (`h2::dispatcher`'s
-/// `handle_response`). A watch's body lasts as long as the watch, so at 50,000 watches the
-/// two headers a watch carries would cost 170 MB of empty buckets; right-sized they need
-/// about 0.8 KB each.
-fn compact_headers(headers: &mut HeaderMap) {
-    let mut small = HeaderMap::with_capacity(headers.len());
-    for (name, value) in headers.iter() {
-        small.append(name.clone(), value.clone());
-    }
-    *headers = small;
 }
 
 /// A watch's reference on its key, until its watcher takes it over: given back to the
@@ -221,24 +206,5 @@ mod tests {
         for (secs, jitter, want) in cases {
             assert_eq!(timeout(secs, 1800, jitter), want, "{secs:?}");
         }
-    }
-
-    #[test]
-    fn compact_headers_keeps_every_value_in_a_smaller_map() {
-        let mut res = HttpResponse::Ok()
-            .content_type("application/json")
-            .insert_header(("Cache-Control", "no-cache, private"))
-            .append_header(("Warning", "a"))
-            .append_header(("Warning", "b"))
-            .finish();
-        let before = res.headers().capacity();
-        compact_headers(res.headers_mut());
-        let h = res.headers();
-        assert!(h.capacity() < before, "{} !< {before}", h.capacity());
-        assert_eq!(h.len(), 4);
-        assert_eq!(h.get("content-type").unwrap(), "application/json");
-        assert_eq!(h.get("cache-control").unwrap(), "no-cache, private");
-        let warnings: Vec<_> = h.get_all("warning").collect();
-        assert_eq!(warnings, ["a", "b"]);
     }
 }
