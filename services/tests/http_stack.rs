@@ -3,7 +3,9 @@
 //! lasts as long as the watch, and a held head (its header map, its extensions) was ~0.8 KB
 //! of every open watch (issue 31.1). Upstream actix-http 3.20.0 holds it; kcache builds
 //! against the copy in `vendor/actix-http`, which does not (`vendor/README.md`). This test
-//! fails if the workspace ever builds the unpatched crate again.
+//! fails if the workspace ever builds the unpatched crate again. The copy also sends a
+//! body from a smaller task (`SendBody`): a body larger than the stream's flow-control
+//! window, in chunks of every size, must still arrive whole and end.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,13 +27,86 @@ impl Drop for DroppedWithHead {
     }
 }
 
+/// An actix-web server on 127.0.0.1:0 speaking HTTP/2 with prior knowledge (detected by its
+/// preface) with `app`'s routes, and an HTTP/2 client connection to it.
+async fn serve<F>(
+    app: F,
+) -> (
+    std::net::SocketAddr,
+    actix_web::dev::ServerHandle,
+    hyper::client::conn::http2::SendRequest<Empty<Bytes>>,
+)
+where
+    F: Fn(&mut web::ServiceConfig) + Send + Clone + 'static,
+{
+    let server = HttpServer::new(move || App::new().configure(app.clone()))
+        .workers(1)
+        .bind_auto_h2c(("127.0.0.1", 0))
+        .expect("bind 127.0.0.1:0");
+    let addr = server.addrs()[0];
+    let server = server.run();
+    let handle = server.handle();
+    actix_web::rt::spawn(server);
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .expect("HTTP/2 handshake");
+    actix_web::rt::spawn(conn);
+    (addr, handle, send)
+}
+
+#[actix_web::test]
+async fn a_streamed_http2_body_arrives_whole_and_ends() {
+    // An empty chunk, small ones, and one of 300 KB: more than the default 64 KB stream
+    // window and many times the dispatcher's 16 KB piece, so it goes out as capacity
+    // comes back.
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let chunks = vec![
+        Bytes::from_static(b"first\n"),
+        Bytes::new(),
+        Bytes::from(big),
+        Bytes::from_static(b"\n"),
+        Bytes::from_static(b"last\n"),
+    ];
+    let want: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+    let (addr, handle, mut send) = serve(move |cfg: &mut web::ServiceConfig| {
+        let chunks = chunks.clone();
+        cfg.route(
+            "/stream",
+            web::get().to(move || {
+                let chunks = chunks.clone();
+                async move {
+                    let body =
+                        futures::stream::iter(chunks.into_iter().map(Ok::<Bytes, Infallible>));
+                    HttpResponse::Ok().streaming(body)
+                }
+            }),
+        );
+    })
+    .await;
+    let req = http::Request::get(format!("http://{addr}/stream"))
+        .body(Empty::<Bytes>::new())
+        .expect("request");
+    let res = send.send_request(req).await.expect("response head");
+    assert_eq!(res.status(), 200);
+    let got = tokio::time::timeout(Duration::from_secs(30), res.into_body().collect())
+        .await
+        .expect("the body ends")
+        .expect("the body arrives")
+        .to_bytes();
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "the body arrived altered");
+    handle.stop(false).await;
+}
+
 #[actix_web::test]
 async fn a_streamed_http2_response_gives_its_head_back_once_sent() {
     let head_dropped = Arc::new(AtomicBool::new(false));
     let flag = head_dropped.clone();
-    let server = HttpServer::new(move || {
+    let (addr, handle, mut send) = serve(move |cfg: &mut web::ServiceConfig| {
         let flag = flag.clone();
-        App::new().route(
+        cfg.route(
             "/watch",
             web::get().to(move || {
                 let flag = flag.clone();
@@ -45,23 +120,9 @@ async fn a_streamed_http2_response_gives_its_head_back_once_sent() {
                     res
                 }
             }),
-        )
+        );
     })
-    .workers(1)
-    // HTTP/2 with prior knowledge over plain TCP, detected by its preface.
-    .bind_auto_h2c(("127.0.0.1", 0))
-    .expect("bind 127.0.0.1:0");
-    let addr = server.addrs()[0];
-    let server = server.run();
-    let handle = server.handle();
-    actix_web::rt::spawn(server);
-
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (mut send, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .expect("HTTP/2 handshake");
-    actix_web::rt::spawn(conn);
+    .await;
     let req = http::Request::get(format!("http://{addr}/watch"))
         .body(Empty::<Bytes>::new())
         .expect("request");

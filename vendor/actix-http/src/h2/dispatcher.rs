@@ -4,25 +4,24 @@ use std::{
     future::Future,
     marker::PhantomData,
     net,
-    pin::{pin, Pin},
+    pin::Pin,
     rc::Rc,
     task::{Context, Poll},
 };
 
 use actix_codec::{AsyncRead, AsyncWrite};
 use actix_service::Service;
-use actix_utils::future::poll_fn;
 use bytes::{Bytes, BytesMut};
 use futures_core::ready;
 use h2::{
     server::{Connection, SendResponse},
-    Ping, PingPong,
+    Ping, PingPong, SendStream,
 };
 use pin_project_lite::pin_project;
 use tokio::time::{sleep, Sleep};
 
 use crate::{
-    body::{BodySize, BoxBody, MessageBody},
+    body::{BodySize, BoxBody, EitherBody, MessageBody},
     config::ServiceConfig,
     header::{
         HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING, UPGRADE,
@@ -102,7 +101,8 @@ where
     S::Future: 'static,
     S::Response: Into<Response<B>>,
 
-    B: MessageBody,
+    // kcache patch: the spawned task holds the body by value (`SendBody`).
+    B: MessageBody + 'static,
 {
     type Output = Result<(), crate::error::DispatchError>;
 
@@ -132,31 +132,16 @@ where
                     let config = this.config.clone();
 
                     // multiplex request handling with spawn task
-                    tokio::task::spawn_local(async move {
-                        // resolve service call and send response.
-                        let res = match fut.await {
-                            Ok(res) => handle_response(res.into(), tx, config, head_req).await,
-                            Err(err) => {
-                                let res: Response<BoxBody> = err.into();
-                                handle_response(res, tx, config, head_req).await
-                            }
-                        };
-
-                        // log error.
-                        if let Err(err) = res {
-                            match err {
-                                DispatchError::SendResponse(err) => {
-                                    tracing::trace!("Error sending response: {err:?}");
-                                }
-                                DispatchError::SendData(err) => {
-                                    tracing::warn!("Send data error: {err:?}");
-                                }
-                                DispatchError::ResponseBody(err) => {
-                                    tracing::error!("Response payload stream error: {err:?}");
-                                }
-                            }
-                        }
-                    });
+                    //
+                    // kcache patch: the task is a `Respond`, which holds what each phase
+                    // needs and no more, and logs its error; a watch's task lives as long
+                    // as the watch.
+                    let respond = Respond::Calling {
+                        fut,
+                        head: Some((tx, config)),
+                        head_req,
+                    };
+                    tokio::task::spawn_local(respond);
                 }
                 Poll::Ready(None) => return Poll::Ready(Ok(())),
 
@@ -204,12 +189,104 @@ enum DispatchError {
     ResponseBody(Box<dyn StdError>),
 }
 
-async fn handle_response<B>(
+pin_project! {
+    /// kcache patch: one request's task: the service call, then sending its response's
+    /// body. Upstream's `async` block and `handle_response` kept ~600 bytes of state for as
+    /// long as the body lasted (a watch: hours); this keeps the stream, the body and the
+    /// chunk in flight (`SendBody`).
+    #[project = RespondProj]
+    enum Respond<F, B> {
+        Calling {
+            #[pin]
+            fut: F,
+            // Taken when the response comes.
+            head: Option<(SendResponse<Bytes>, ServiceConfig)>,
+            head_req: bool,
+        },
+        Sending {
+            #[pin]
+            body: SendBody<EitherBody<B>>,
+        },
+    }
+}
+
+impl<F, R, E, B> Respond<F, B>
+where
+    F: Future<Output = Result<R, E>>,
+    R: Into<Response<B>>,
+    E: Into<Response<BoxBody>>,
+    B: MessageBody + 'static,
+{
+    fn poll_respond(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), DispatchError>> {
+        let body = match self.as_mut().project() {
+            RespondProj::Calling {
+                fut,
+                head,
+                head_req,
+            } => {
+                // resolve service call and send response.
+                let res = match ready!(fut.poll(cx)) {
+                    Ok(res) => res.into().map_body(|_, body| EitherBody::left(body)),
+                    Err(err) => {
+                        let res: Response<BoxBody> = err.into();
+                        res.map_body(|_, body| EitherBody::right(body))
+                    }
+                };
+                // Taken only here, and the state changes below: never `None` here.
+                let Some((tx, config)) = head.take() else {
+                    return Poll::Ready(Ok(()));
+                };
+                match send_head(res, tx, config, *head_req)? {
+                    Some(body) => body,
+                    None => return Poll::Ready(Ok(())),
+                }
+            }
+            RespondProj::Sending { body } => return body.poll(cx),
+        };
+        self.set(Respond::Sending { body });
+        self.poll_respond(cx)
+    }
+}
+
+impl<F, R, E, B> Future for Respond<F, B>
+where
+    F: Future<Output = Result<R, E>>,
+    R: Into<Response<B>>,
+    E: Into<Response<BoxBody>>,
+    B: MessageBody + 'static,
+{
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // log error.
+        if let Err(err) = ready!(self.poll_respond(cx)) {
+            match err {
+                DispatchError::SendResponse(err) => {
+                    tracing::trace!("Error sending response: {err:?}");
+                }
+                DispatchError::SendData(err) => {
+                    tracing::warn!("Send data error: {err:?}");
+                }
+                DispatchError::ResponseBody(err) => {
+                    tracing::error!("Response payload stream error: {err:?}");
+                }
+            }
+        }
+        Poll::Ready(())
+    }
+}
+
+/// Sends the head of `res`; the body still to send, if it has one and the request was not
+/// HEAD.
+fn send_head<B>(
     res: Response<B>,
     mut tx: SendResponse<Bytes>,
     config: ServiceConfig,
     head_req: bool,
-) -> Result<(), DispatchError>
+) -> Result<Option<SendBody<B>>, DispatchError>
 where
     B: MessageBody,
 {
@@ -225,56 +302,100 @@ where
     let eof_or_head = size.is_eof() || head_req;
 
     // send response head and return on eof.
-    let mut stream = tx
+    let stream = tx
         .send_response(res, eof_or_head)
         .map_err(DispatchError::SendResponse)?;
 
     if eof_or_head {
-        return Ok(());
+        return Ok(None);
     }
 
-    let mut body = pin!(body);
+    Ok(Some(SendBody {
+        stream,
+        body,
+        chunk: None,
+        reserved: false,
+    }))
+}
 
-    // poll response body and send chunks to client
-    while let Some(res) = poll_fn(|cx| body.as_mut().poll_next(cx)).await {
-        let mut chunk = res.map_err(|err| DispatchError::ResponseBody(err.into()))?;
+pin_project! {
+    /// kcache patch: the body of a response whose head is sent, polled and sent to its
+    /// stream chunk by chunk as flow control allows — the loop of upstream's
+    /// `handle_response`, as a future that holds only the stream, the body and the chunk in
+    /// flight.
+    struct SendBody<B> {
+        stream: SendStream<Bytes>,
+        #[pin]
+        body: B,
+        // The rest of the chunk being sent.
+        chunk: Option<Bytes>,
+        // Whether capacity for the chunk's next piece was asked for.
+        reserved: bool,
+    }
+}
 
-        'send: loop {
-            let chunk_size = cmp::min(chunk.len(), CHUNK_SIZE);
+impl<B> Future for SendBody<B>
+where
+    B: MessageBody,
+{
+    type Output = Result<(), DispatchError>;
 
-            // reserve enough space and wait for stream ready.
-            stream.reserve_capacity(chunk_size);
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
 
-            match poll_fn(|cx| stream.poll_capacity(cx)).await {
-                // No capacity left. drop body and return.
-                None => return Ok(()),
+        loop {
+            if let Some(chunk) = this.chunk.as_mut() {
+                if !*this.reserved {
+                    // reserve enough space and wait for stream ready.
+                    this.stream
+                        .reserve_capacity(cmp::min(chunk.len(), CHUNK_SIZE));
+                    *this.reserved = true;
+                }
 
-                Some(Err(err)) => return Err(DispatchError::SendData(err)),
+                match ready!(this.stream.poll_capacity(cx)) {
+                    // No capacity left. drop body and return.
+                    None => return Poll::Ready(Ok(())),
 
-                Some(Ok(cap)) => {
-                    // split chunk to writeable size and send to client
-                    let len = chunk.len();
-                    let bytes = chunk.split_to(cmp::min(len, cap));
+                    Some(Err(err)) => return Poll::Ready(Err(DispatchError::SendData(err))),
 
-                    stream
-                        .send_data(bytes, false)
-                        .map_err(DispatchError::SendData)?;
+                    Some(Ok(cap)) => {
+                        *this.reserved = false;
 
-                    // Current chuck completely sent. break send loop and poll next one.
-                    if chunk.is_empty() {
-                        break 'send;
+                        // split chunk to writeable size and send to client
+                        let len = chunk.len();
+                        let bytes = chunk.split_to(cmp::min(len, cap));
+
+                        if let Err(err) = this.stream.send_data(bytes, false) {
+                            return Poll::Ready(Err(DispatchError::SendData(err)));
+                        }
+
+                        // Current chuck completely sent. poll next one.
+                        if chunk.is_empty() {
+                            *this.chunk = None;
+                        }
                     }
+                }
+
+                continue;
+            }
+
+            // poll response body and send chunks to client
+            match ready!(this.body.as_mut().poll_next(cx)) {
+                Some(Ok(chunk)) => *this.chunk = Some(chunk),
+
+                Some(Err(err)) => return Poll::Ready(Err(DispatchError::ResponseBody(err.into()))),
+
+                // response body streaming finished. send end of stream and return.
+                None => {
+                    return Poll::Ready(
+                        this.stream
+                            .send_data(Bytes::new(), true)
+                            .map_err(DispatchError::SendData),
+                    )
                 }
             }
         }
     }
-
-    // response body streaming finished. send end of stream and return.
-    stream
-        .send_data(Bytes::new(), true)
-        .map_err(DispatchError::SendData)?;
-
-    Ok(())
 }
 
 fn prepare_response(

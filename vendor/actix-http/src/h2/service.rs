@@ -511,7 +511,8 @@ where
     S::Error: Into<Response<BoxBody>> + 'static,
     S::Future: 'static,
     S::Response: Into<Response<B>> + 'static,
-    B: MessageBody,
+    // kcache patch: as the dispatcher's.
+    B: MessageBody + 'static,
 {
     type Output = Result<(), DispatchError>;
 
