@@ -23,8 +23,26 @@ pub type WatcherLink = Recipient<ToWatcher>;
 /// A key as its watchers see it: one per key, made when the key starts (the registry's
 /// slot) and shared by all its watchers. Each clone of an actix address is three heap
 /// allocations (its own park state), about 130 bytes per watch when each watcher held its
-/// own.
-pub type KeyLink = std::sync::Arc<Recipient<ToKey>>;
+/// own; and a watcher's own copy of its key was 56 bytes and, for a name key, two strings.
+pub type KeyLink = std::sync::Arc<KeyAddr>;
+
+/// A key and its address (see [`KeyLink`]).
+#[derive(Debug)]
+pub struct KeyAddr {
+    pub key: Key,
+    pub addr: Recipient<ToKey>,
+}
+
+impl KeyAddr {
+    pub fn do_send(&self, msg: ToKey) {
+        self.addr.do_send(msg)
+    }
+
+    /// Whether the key's actor is still running.
+    pub fn connected(&self) -> bool {
+        self.addr.connected()
+    }
+}
 
 /// What a watcher asks of its key.
 #[derive(Message)]
@@ -105,7 +123,7 @@ pub enum ToWatcher {
 
 /// See [`ToWatcher::Move`].
 pub struct Move {
-    pub key: Key,
+    /// The key to go on from, and its address.
     pub link: KeyLink,
     pub after_rv: u64,
     /// See [`MovedFrom::object_rv`].

@@ -132,19 +132,18 @@ impl KeepalivePhase {
 
 /// Everything a watcher needs; built by the HTTP layer after validation.
 pub struct WatcherSpec {
-    /// The key the watcher is held on and fed by.
-    pub key: Key,
     /// The key the request asked for, when a key covering it serves it (`core::cover`);
     /// boxed: most watches are on their own key, and a watch's size counts.
     pub asked: Option<Box<Key>>,
     pub filter: Filter,
     pub plan: WatchPlan,
     pub allow_bookmarks: bool,
-    pub timeout: Duration,
+    /// When the watch ends (its timeout): [`deadline_after`] the client's timeout.
+    pub deadline: Instant,
     pub encoder: Encoder,
     /// The HTTP response body; bounded, its capacity is the watcher's buffer.
     pub body: body::Sender,
-    /// The key it is fed by (`key`).
+    /// The key the watcher is held on and fed by, and its address.
     pub cached: KeyLink,
     /// Holds the reference this watcher releases when it stops; shared by all watchers
     /// (an address clone is three allocations of its own).
@@ -194,8 +193,6 @@ pub struct Watcher {
     cursor: Cursor,
     started: bool,
     closing: bool,
-    /// When the watch ends (its timeout), for the key it subscribes to.
-    deadline: Instant,
     /// A move to another key, waiting for the backlog to be written.
     moving: Option<Box<Move>>,
     last_write: Instant,
@@ -239,7 +236,7 @@ impl Handles {
 
 impl Watcher {
     pub fn new(spec: WatcherSpec) -> Self {
-        let metrics = Handles::of(&spec.key.resource);
+        let metrics = Handles::of(&spec.cached.key.resource);
         Watcher {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             cursor: Cursor::new(spec.plan.from_rv),
@@ -251,7 +248,6 @@ impl Watcher {
             live: false,
             started: false,
             closing: false,
-            deadline: Instant::now(),
             moving: None,
             last_write: Instant::now(),
             metrics,
@@ -286,10 +282,10 @@ impl Watcher {
 
     /// A live watcher whose client does not keep up: closed, as cacheWatcher's are.
     fn too_slow(&mut self, ctx: &mut Context<Self>) {
-        let r = &self.spec.key.resource;
+        let r = &self.spec.cached.key.resource;
         metrics::counter!(m::TERMINATED_WATCHERS, "group" => r.group.clone(), "resource" => r.resource.clone())
             .increment(1);
-        tracing::warn!(key = %self.spec.key, watcher = self.id, "closing unresponsive watcher: client is not reading");
+        tracing::warn!(key = %self.spec.cached.key, watcher = self.id, "closing unresponsive watcher: client is not reading");
         self.closing = true;
         ctx.stop();
     }
@@ -441,7 +437,7 @@ impl Watcher {
     /// resource is then served as JSON (`Codec::refuse`), so the client's next list and
     /// watch get every field.
     fn unencodable(&mut self, ctx: &mut Context<Self>) {
-        metrics::counter!(m::PROTOBUF_UNENCODABLE, "group" => self.spec.key.resource.group.clone(), "resource" => self.spec.key.resource.resource.clone())
+        metrics::counter!(m::PROTOBUF_UNENCODABLE, "group" => self.spec.cached.key.resource.group.clone(), "resource" => self.spec.cached.key.resource.resource.clone())
             .increment(1);
         let line = self.spec.encoder.error(
             500,
@@ -469,10 +465,10 @@ impl Watcher {
     fn bookmark(&mut self, rv: u64, initial_events_end: bool, ctx: &mut Context<Self>) {
         // Never below what the client already has; equal is allowed (as the seed does).
         let rv = self.cursor.bookmark_rv(rv);
-        let line = self
-            .spec
-            .encoder
-            .bookmark(&self.spec.key.resource, rv, initial_events_end);
+        let line =
+            self.spec
+                .encoder
+                .bookmark(&self.spec.cached.key.resource, rv, initial_events_end);
         let Some(line) = line else { return };
         if self.push(line, ctx) {
             self.cursor.sent(rv);
@@ -503,7 +499,7 @@ impl Actor for Watcher {
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(self.spec.mailbox.max(1));
         self.metrics.registered.increment(1.0);
-        let deadline = deadline_after(self.spec.timeout);
+        let deadline = self.spec.deadline;
         // The timeout, the keepalives and noticing a client that went away (even on a
         // quiet key) share one stream: one allocation and one timer per watch instead of
         // three, which matters at tens of thousands of idle watches.
@@ -512,7 +508,6 @@ impl Actor for Watcher {
             deadline,
             self.spec.keepalive,
         ));
-        self.deadline = deadline;
         self.subscribe(self.spec.plan, None, ctx);
     }
 
@@ -520,8 +515,13 @@ impl Actor for Watcher {
         self.metrics.registered.decrement(1.0);
         self.spec.cached.do_send(ToKey::Unsubscribe { id: self.id });
         self.spec.registry.do_send(Release {
-            key: self.spec.key.clone(),
-            asked: self.spec.asked.as_deref().unwrap_or(&self.spec.key).clone(),
+            key: self.spec.cached.key.clone(),
+            asked: self
+                .spec
+                .asked
+                .as_deref()
+                .unwrap_or(&self.spec.cached.key)
+                .clone(),
         });
     }
 }
@@ -531,7 +531,7 @@ const LONGEST_TIMEOUT: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 /// `now + timeout`, capped: a client may send any `timeoutSeconds` up to `u64::MAX`, which
 /// `Instant` cannot represent (adding it panics).
-fn deadline_after(timeout: Duration) -> Instant {
+pub fn deadline_after(timeout: Duration) -> Instant {
     Instant::now() + timeout.min(LONGEST_TIMEOUT)
 }
 
@@ -712,7 +712,7 @@ impl Watcher {
             link: ctx.address().recipient(),
             plan,
             allow_bookmarks: self.spec.allow_bookmarks,
-            deadline: Some(self.deadline),
+            deadline: Some(self.spec.deadline),
             asked: self.spec.asked.clone(),
             moved,
         }));
@@ -738,16 +738,15 @@ impl Watcher {
             .spec
             .asked
             .take()
-            .map_or_else(|| self.spec.key.clone(), |k| *k);
+            .map_or_else(|| self.spec.cached.key.clone(), |k| *k);
         self.spec.registry.do_send(Moved {
-            from: self.spec.key.clone(),
-            to: m.key.clone(),
+            from: self.spec.cached.key.clone(),
+            to: m.link.key.clone(),
             asked: asked.clone(),
         });
         let field = std::mem::take(&mut self.spec.filter.field);
-        self.spec.filter.field = cover::field_for(&asked, &m.key, field);
-        self.spec.asked = (asked != m.key).then(|| Box::new(asked));
-        self.spec.key = m.key;
+        self.spec.filter.field = cover::field_for(&asked, &m.link.key, field);
+        self.spec.asked = (asked != m.link.key).then(|| Box::new(asked));
         self.spec.cached = m.link;
         self.cursor.moved(m.after_rv);
         self.live = false;
@@ -809,7 +808,7 @@ mod tests {
         use crate::core::key::{ResourceType, Scope};
         use crate::core::object::Object;
         use crate::feed::{KeyStatus, SourceFactory, SourceHandle, SourceMsg, TakeSnapshot};
-        use crate::watch_feed::{Replay, Start};
+        use crate::watch_feed::{KeyAddr, Replay, Start};
         use futures::StreamExt;
         use tokio::sync::mpsc;
 
@@ -898,7 +897,6 @@ mod tests {
             .start();
             let (tx, rx) = body::channel(2);
             let watcher = Watcher::new(WatcherSpec {
-                key,
                 asked: None,
                 filter: Filter::everything(),
                 plan: WatchPlan {
@@ -907,10 +905,13 @@ mod tests {
                     from_rv: 1,
                 },
                 allow_bookmarks: false,
-                timeout: Duration::from_secs(60),
+                deadline: deadline_after(Duration::from_secs(60)),
                 encoder: Encoder::Json,
                 body: tx,
-                cached: Arc::new(EmptyKey::default().start().recipient()),
+                cached: Arc::new(KeyAddr {
+                    key,
+                    addr: EmptyKey::default().start().recipient(),
+                }),
                 registry: Arc::new(registry),
                 mailbox: 100,
                 budget: Arc::new(DispatchBudget::with_available(budget)),

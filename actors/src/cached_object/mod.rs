@@ -81,11 +81,7 @@ impl CachedObject {
     /// Feeds the core one input and carries out what it says, with the inputs that
     /// carrying out gives back (a full buffer, a refused command), in order; `to` is the
     /// key watchers move to, for a handover.
-    fn run(
-        &mut self,
-        input: Input<WatcherLink, Reply>,
-        to: Option<(&Key, &KeyLink)>,
-    ) -> HandedOver {
+    fn run(&mut self, input: Input<WatcherLink, Reply>, to: Option<&KeyLink>) -> HandedOver {
         let mut handed = HandedOver::default();
         // The inputs carrying out gives back; empty (no allocation) for nearly every event.
         let mut inputs = VecDeque::new();
@@ -133,14 +129,11 @@ impl CachedObject {
                         after_rv,
                         object_rv,
                     } => match to {
-                        Some((key, key_link)) => {
-                            link.do_send(ToWatcher::Move(crate::watch_feed::Move {
-                                key: key.clone(),
-                                link: key_link.clone(),
-                                after_rv,
-                                object_rv,
-                            }))
-                        }
+                        Some(key_link) => link.do_send(ToWatcher::Move(crate::watch_feed::Move {
+                            link: key_link.clone(),
+                            after_rv,
+                            object_rv,
+                        })),
                         // Only a handover moves watchers, and it names where to.
                         None => debug_assert!(false, "a move without a handover"),
                     },
@@ -375,7 +368,7 @@ impl Handler<HandOver> for CachedObject {
             only_asked: msg.only_asked.clone(),
             to_synced,
         };
-        let handed = self.run(input, Some((&msg.to, &msg.link)));
+        let handed = self.run(input, Some(&msg.link));
         if handed.moved > 0 {
             tracing::info!(key = %self.core.key(), to = %msg.to, moved = handed.moved, left = handed.left, "watchers handed over");
         }

@@ -32,7 +32,7 @@ use crate::core::subject::key_token;
 use crate::feed::{KeyStatus, RoleKind, SourceFactory};
 use crate::fleet::interest::{Gossip, Publisher, RemoteInterest};
 use crate::metrics as m;
-use crate::watch_feed::KeyLink;
+use crate::watch_feed::{KeyAddr, KeyLink};
 
 pub use crate::core::refs::Error;
 pub use crate::core::wants::{Error as WantError, Limits as WantLimits};
@@ -457,7 +457,10 @@ fn start(
         .increment(1);
     Slot {
         token: key_token(key),
-        link: Arc::new(addr.clone().recipient()),
+        link: Arc::new(KeyAddr {
+            key: key.clone(),
+            addr: addr.clone().recipient(),
+        }),
         addr,
         holds: Holds::default(),
         status,

@@ -12,7 +12,9 @@ use kcache_actors::core::filter::Filter;
 use kcache_actors::core::object::{EventType, Object};
 use kcache_actors::core::proto;
 use kcache_actors::registry::{Acquire, Release};
-use kcache_actors::watcher::{Encoder, Keepalive, KeepalivePhase, Watcher, WatcherSpec};
+use kcache_actors::watcher::{
+    deadline_after, Encoder, Keepalive, KeepalivePhase, Watcher, WatcherSpec,
+};
 use serde_json::{json, Value};
 
 use super::{now_secs, parks, snapshot, Served};
@@ -135,12 +137,11 @@ pub async fn watch(
     let budget = state.dispatch_budgets.of(&held.key.resource);
     actix::Actor::start(Watcher::new(WatcherSpec {
         budget,
-        key: held.key,
         asked,
         filter,
         plan,
         allow_bookmarks: start.allow_bookmarks,
-        timeout,
+        deadline: deadline_after(timeout),
         encoder,
         body: tx,
         cached: held.link,
