@@ -31,8 +31,10 @@ pub enum Error {
     Closed,
 }
 
-/// A queue that drained keeps at most this many slots.
-const IDLE_SLOTS: usize = 4;
+/// A queue that drained keeps at most this many slots: one, as an idle watch gets a line at
+/// a time (a keepalive, an event) and most watches are idle. A first push would otherwise
+/// allocate four (`VecDeque`'s smallest growth), ~100 bytes more for each idle watch.
+const IDLE_SLOTS: usize = 1;
 
 struct State {
     queue: VecDeque<Bytes>,
@@ -83,6 +85,9 @@ impl Sender {
         }
         if st.queue.len() >= st.capacity {
             return Err(Error::Full);
+        }
+        if st.queue.capacity() == 0 {
+            st.queue.reserve_exact(IDLE_SLOTS);
         }
         st.queue.push_back(line);
         let reader = st.reader.take();
@@ -308,6 +313,19 @@ mod tests {
         let mut cx = Context::from_waker(&waker);
         while let Poll::Ready(Some(_)) = Pin::new(&mut body).poll_next(&mut cx) {}
         assert!(body.0.lock().queue.capacity() <= IDLE_SLOTS);
+    }
+
+    #[test]
+    fn an_idle_queue_holds_one_slot() {
+        let (tx, mut body) = channel(1000);
+        assert_eq!(body.0.lock().queue.capacity(), 0);
+        tx.try_send(Bytes::from_static(b"\n")).unwrap();
+        assert_eq!(body.0.lock().queue.capacity(), IDLE_SLOTS);
+        let waker = noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut body).poll_next(&mut cx).is_ready());
+        tx.try_send(Bytes::from_static(b"\n")).unwrap();
+        assert_eq!(body.0.lock().queue.capacity(), IDLE_SLOTS);
     }
 
     #[test]
