@@ -46,15 +46,15 @@ impl Message for Progress {
     type Result = Option<(u64, usize)>;
 }
 
-/// Move live watchers to `to` (coalescing onto a covering key, or splitting back to their
-/// own): those that asked for `only_asked` when given, else all. Each gets every event up
-/// to this key's progress from here and the rest from `to`, once `to` is synced
+/// Move live watchers to `link.key` (coalescing onto a covering key, or splitting back to
+/// their own): those that asked for `only_asked` when given, else all. Each gets every event
+/// up to this key's progress from here and the rest from that key, once it is synced
 /// (`core::coalesce::handover_rv`). Answers how many moved and how many are left (not
 /// live yet, or `to` not far enough along): the registry asks again.
 #[derive(Message)]
 #[rtype(result = "HandedOver")]
 pub struct HandOver {
-    pub to: Key,
+    /// The key to hand over to (`link.key`), and its address.
     pub link: KeyLink,
     pub to_status: Arc<KeyStatus>,
     pub only_asked: Option<Key>,

@@ -370,7 +370,7 @@ impl Handler<HandOver> for CachedObject {
         };
         let handed = self.run(input, Some(&msg.link));
         if handed.moved > 0 {
-            tracing::info!(key = %self.core.key(), to = %msg.to, moved = handed.moved, left = handed.left, "watchers handed over");
+            tracing::info!(key = %self.core.key(), to = %msg.link.key, moved = handed.moved, left = handed.left, "watchers handed over");
         }
         handed
     }

@@ -585,7 +585,6 @@ impl Registry {
                         continue;
                     }
                     e.value.addr.do_send(HandOver {
-                        to: ns_key.clone(),
                         link: ns_link.clone(),
                         to_status: ns_status.clone(),
                         only_asked: None,
@@ -613,7 +612,6 @@ impl Registry {
                         continue;
                     };
                     let hand = ns_addr.send(HandOver {
-                        to: name.clone(),
                         link: e.value.link.clone(),
                         to_status: e.value.status.clone(),
                         only_asked: Some(name.clone()),

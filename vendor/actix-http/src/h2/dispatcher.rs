@@ -21,7 +21,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{sleep, Sleep};
 
 use crate::{
-    body::{BodySize, BoxBody, EitherBody, MessageBody},
+    body::{BodySize, BoxBody, MessageBody},
     config::ServiceConfig,
     header::{
         HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING, UPGRADE,
@@ -101,7 +101,7 @@ where
     S::Future: 'static,
     S::Response: Into<Response<B>>,
 
-    // kcache patch: the spawned task holds the body by value (`SendBody`).
+    // kcache patch: the spawned task (`Respond`) names the body's type.
     B: MessageBody + 'static,
 {
     type Output = Result<(), crate::error::DispatchError>;
@@ -203,9 +203,15 @@ pin_project! {
             head: Option<(SendResponse<Bytes>, ServiceConfig)>,
             head_req: bool,
         },
+        // The service's response, and its error's: two states rather than one of an
+        // `EitherBody`, which would wrap a body's errors and change what is logged.
         Sending {
             #[pin]
-            body: SendBody<EitherBody<B>>,
+            body: SendBody<B>,
+        },
+        SendingError {
+            #[pin]
+            body: SendBody<BoxBody>,
         },
     }
 }
@@ -221,32 +227,39 @@ where
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), DispatchError>> {
-        let body = match self.as_mut().project() {
+        let next = match self.as_mut().project() {
             RespondProj::Calling {
                 fut,
                 head,
                 head_req,
             } => {
+                // `None` once the head was sent (or failed to be): the call is over.
+                if head.is_none() {
+                    return Poll::Ready(Ok(()));
+                }
                 // resolve service call and send response.
-                let res = match ready!(fut.poll(cx)) {
-                    Ok(res) => res.into().map_body(|_, body| EitherBody::left(body)),
-                    Err(err) => {
-                        let res: Response<BoxBody> = err.into();
-                        res.map_body(|_, body| EitherBody::right(body))
-                    }
-                };
-                // Taken only here, and the state changes below: never `None` here.
+                let res = ready!(fut.poll(cx));
                 let Some((tx, config)) = head.take() else {
                     return Poll::Ready(Ok(()));
                 };
-                match send_head(res, tx, config, *head_req)? {
-                    Some(body) => body,
-                    None => return Poll::Ready(Ok(())),
+                match res {
+                    Ok(res) => match send_head(res.into(), tx, config, *head_req)? {
+                        Some(body) => Respond::Sending { body },
+                        None => return Poll::Ready(Ok(())),
+                    },
+                    Err(err) => {
+                        let res: Response<BoxBody> = err.into();
+                        match send_head(res, tx, config, *head_req)? {
+                            Some(body) => Respond::SendingError { body },
+                            None => return Poll::Ready(Ok(())),
+                        }
+                    }
                 }
             }
             RespondProj::Sending { body } => return body.poll(cx),
+            RespondProj::SendingError { body } => return body.poll(cx),
         };
-        self.set(Respond::Sending { body });
+        self.set(next);
         self.poll_respond(cx)
     }
 }
@@ -311,8 +324,8 @@ where
     }
 
     Ok(Some(SendBody {
-        stream,
         body,
+        stream,
         chunk: None,
         reserved: false,
     }))
@@ -324,9 +337,10 @@ pin_project! {
     /// `handle_response`, as a future that holds only the stream, the body and the chunk in
     /// flight.
     struct SendBody<B> {
-        stream: SendStream<Bytes>,
+        // Dropped before the stream, as upstream's loop dropped them.
         #[pin]
         body: B,
+        stream: SendStream<Bytes>,
         // The rest of the chunk being sent.
         chunk: Option<Bytes>,
         // Whether capacity for the chunk's next piece was asked for.
@@ -381,6 +395,9 @@ where
 
             // poll response body and send chunks to client
             match ready!(this.body.as_mut().poll_next(cx)) {
+                // kcache patch: an empty chunk is skipped. Upstream asked for no capacity
+                // and waited for it, which nothing wakes: the stream stalled.
+                Some(Ok(chunk)) if chunk.is_empty() => {}
                 Some(Ok(chunk)) => *this.chunk = Some(chunk),
 
                 Some(Err(err)) => return Poll::Ready(Err(DispatchError::ResponseBody(err.into()))),
