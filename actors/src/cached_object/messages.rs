@@ -50,7 +50,7 @@ impl Message for Progress {
 /// their own): those that asked for `only_asked` when given, else all. Each gets every event
 /// up to this key's progress from here and the rest from that key, once it is synced
 /// (`core::coalesce::handover_rv`). Answers how many moved and how many are left (not
-/// live yet, or `to` not far enough along): the registry asks again.
+/// live yet, or that key not far enough along): the registry asks again.
 #[derive(Message)]
 #[rtype(result = "HandedOver")]
 pub struct HandOver {
