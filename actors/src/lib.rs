@@ -14,7 +14,6 @@
 //! - [`watcher::Watcher`]: one downstream watch with the API server's cacheWatcher semantics.
 //!   [`body`] carries its lines to the HTTP response; [`watch_feed`] is what a key sends it.
 
-pub mod body;
 pub mod cached_object;
 pub mod config;
 pub mod core;

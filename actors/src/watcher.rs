@@ -3,23 +3,33 @@
 //! event at or below the RV it started from, bookmarks, a timeout, and a bounded buffer —
 //! a client that stops reading live events is closed rather than allowed to slow its key.
 //!
+//! The watcher is its response body ([`Watcher`] is a `Stream` of lines): the HTTP/2
+//! stream's task polls it when the client can take more, and each poll writes what is
+//! next. Its key reaches it through its mailbox (`watch_feed::mailbox`), which is also
+//! the client's buffer.
+//!
 //! Initial events and replays are a *backlog* written at the client's pace, however many
 //! there are (cacheWatcher sends its initial events before reading its live channel, and
 //! only the client's timeout bounds them). Meanwhile the watcher is not live: the key
 //! sends it nothing. When the backlog is written, it tells the key the last sequence
 //! number it covered ([`watch_feed::Ready`]); the key answers with the events since
-//! ([`Replay`]) and makes it live once they fit in the client's buffer, or ends the watch
-//! with a 410 when its window no longer holds them.
+//! ([`watch_feed::Replay`]) and makes it live once they fit in the client's buffer, or
+//! ends the watch with a 410 when its window no longer holds them.
 
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use bytes::Bytes;
 use serde_json::json;
+use tokio::time::Sleep;
 
-use crate::body;
 use crate::core::bookmark::{bookmark_line, bookmark_object};
 use crate::core::cover;
 use crate::core::event::{encode_line, encode_value_line, StoreEvent, BACKFILLED_SEQ};
@@ -33,7 +43,8 @@ use crate::dispatch_budget::DispatchBudget;
 use crate::metrics as m;
 use crate::registry::{Moved, Registry, Release};
 use crate::watch_feed::{
-    CloseReason, KeyLink, Move, MovedFrom, Ready, Start, Subscribe, ToKey, ToWatcher,
+    self, CloseReason, KeyLink, Mailbox, Move, MovedFrom, Ready, Received, Start, Subscribe, ToKey,
+    ToWatcher,
 };
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -141,22 +152,23 @@ pub struct WatcherSpec {
     /// When the watch ends (its timeout): [`deadline_after`] the client's timeout.
     pub deadline: Instant,
     pub encoder: Encoder,
-    /// The HTTP response body; bounded, its capacity is the watcher's buffer.
-    pub body: body::Sender,
+    /// Live events a client may be behind by (`CacheConfig::watcher_buffer`) before the
+    /// next one waits for room within the dispatch budget.
+    pub buffer: usize,
+    /// Events that may wait for room past `buffer` before the watch is closed at once.
+    pub mailbox: usize,
     /// The key the watcher is held on and fed by, and its address.
     pub cached: KeyLink,
     /// Holds the reference this watcher releases when it stops; shared by all watchers
     /// (an address clone is three allocations of its own).
     pub registry: Arc<Addr<Registry>>,
-    /// Mailbox capacity for events from the CachedObject.
-    pub mailbox: usize,
     /// The resource's dispatch budget: how long a live event may wait for room in the
     /// client's buffer before the watch is closed as too slow.
     pub budget: Arc<DispatchBudget>,
     /// When to write a bare newline if nothing was written (see
     /// `CacheConfig::watch_keepalive_secs`).
     pub keepalive: Keepalive,
-    /// Held for the watch's lifetime (the HTTP layer's admission permit); dropped with it.
+    /// Held until the watch ends (the HTTP layer's admission permit).
     pub permit: Option<Box<dyn Send>>,
 }
 
@@ -167,35 +179,59 @@ enum Item {
     /// The `k8s.io/initial-events-end` bookmark at this RV.
     EndBookmark(u64),
     Event(Arc<StoreEvent>),
-    /// A last line (an in-stream error), after which the watch ends.
-    Final(Bytes),
-    /// A live event's line, at its RV, that found the client's buffer full (`stall`).
-    Line(Bytes, u64),
 }
 
-pub struct Watcher {
+pin_project_lite::pin_project! {
+    /// One downstream watch, and the body of its HTTP response: each poll writes the next
+    /// line of its backlog, or takes the next message from its key, or wakes for a
+    /// keepalive or the timeout.
+    ///
+    /// An actor without a task of its own: its state is its own, its key reaches it only
+    /// through its mailbox, one message at a time — and the HTTP/2 stream's task that
+    /// sends its body runs it, when the client can take more. A quiet watch is this
+    /// struct, its mailbox and a timer entry (issue 31.1: an actix task, its mailbox,
+    /// address, tick stream and a separate body queue were about twice that).
+    pub struct Watcher {
+        state: State,
+        // The next keepalive instant or the deadline, whichever comes first: one entry
+        // in the runtime's timer wheel.
+        #[pin]
+        timer: Sleep,
+    }
+}
+
+/// What a watcher keeps between polls.
+struct State {
     id: u64,
-    spec: WatcherSpec,
-    /// Initial events, replays, or a final error, written as the client reads.
-    backlog: std::collections::VecDeque<Item>,
+    asked: Option<Box<Key>>,
+    filter: Filter,
+    allow_bookmarks: bool,
+    deadline: Instant,
+    encoder: Encoder,
+    cached: KeyLink,
+    registry: Arc<Addr<Registry>>,
+    /// The keepalive period (zero: none).
+    every: Duration,
+    permit: Option<Box<dyn Send>>,
+    mailbox: Mailbox,
+    /// Initial events or a replay, written as the client reads, before the next message.
+    backlog: VecDeque<Item>,
     /// The key's sequence number the backlog brings the watcher up to.
     backlog_seq: u64,
-    /// Waiting for room in the body to write more of the backlog.
-    waiting_for_room: bool,
-    /// A live event found the client's buffer full: when the wait for room began and how
-    /// much of the dispatch budget it took.
-    /// Boxed, as `moving`: rare, and an idle watch's size counts (issue 31.1).
-    stalled: Option<Box<(Instant, Duration)>>,
+    /// Once the backlog is written: tell the key how far it went (`drained`).
+    drain_due: bool,
     /// The key sends this watcher its events and bookmarks.
     live: bool,
     /// The never-go-back rules: the RV floor, the last sequence handled (replay and live
     /// events may overlap), the highest RV sent (bookmarks never go back).
     cursor: Cursor,
     started: bool,
+    /// The body ends at the next poll.
     closing: bool,
-    /// A move to another key, waiting for the backlog to be written.
-    moving: Option<Box<Move>>,
-    last_write: Instant,
+    /// The key and the registry were told (`stop`).
+    stopped: bool,
+    /// The runtime's clock (a test's paused one too).
+    last_write: tokio::time::Instant,
     /// Metric handles, resolved once per resource and shared.
     metrics: Arc<Handles>,
 }
@@ -235,244 +271,399 @@ impl Handles {
 }
 
 impl Watcher {
+    /// Subscribes to the key in `spec.cached`; the watch runs as its body is polled, and
+    /// ends (unsubscribed, its reference released) when the body ends or is dropped. Must
+    /// be called within the runtime (its timer).
     pub fn new(spec: WatcherSpec) -> Self {
+        let (mailbox, _) = watch_feed::mailbox::mailbox(spec.buffer, spec.mailbox, spec.budget);
         let metrics = Handles::of(&spec.cached.key.resource);
-        Watcher {
+        metrics.registered.increment(1.0);
+        let every = spec.keepalive.every.min(LONGEST_TIMEOUT);
+        // The runtime's clock, not the system's: the same in a running kcache, and it lets
+        // a test with paused time place watches on the grid.
+        let now = tokio::time::Instant::now();
+        let first = match every.is_zero() {
+            true => spec.deadline,
+            false => {
+                let now = now.into_std();
+                first_tick(grid_epoch(now), now, every, spec.keepalive.phase).min(spec.deadline)
+            }
+        };
+        let state = State {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            cursor: Cursor::new(spec.plan.from_rv),
-            spec,
-            backlog: std::collections::VecDeque::new(),
+            asked: spec.asked,
+            filter: spec.filter,
+            allow_bookmarks: spec.allow_bookmarks,
+            deadline: spec.deadline,
+            encoder: spec.encoder,
+            cached: spec.cached,
+            registry: spec.registry,
+            every,
+            permit: spec.permit,
+            mailbox,
+            backlog: VecDeque::new(),
             backlog_seq: 0,
-            waiting_for_room: false,
-            stalled: None,
+            drain_due: false,
             live: false,
+            cursor: Cursor::new(spec.plan.from_rv),
             started: false,
             closing: false,
-            moving: None,
-            last_write: Instant::now(),
+            stopped: false,
+            last_write: now,
             metrics,
-        }
-    }
-
-    /// Writes one line to the client; a full buffer means the client is not reading.
-    fn push(&mut self, line: Bytes, ctx: &mut Context<Self>) -> bool {
-        if self.closing {
-            return false;
-        }
-        let keepalive = line.len() == 1;
-        match self.spec.body.try_send(line) {
-            Ok(()) => {
-                self.last_write = Instant::now();
-                if !keepalive {
-                    self.metrics.dispatched.increment(1);
-                }
-                true
-            }
-            Err(body::Error::Full) => {
-                self.too_slow(ctx);
-                false
-            }
-            Err(body::Error::Closed) => {
-                self.closing = true;
-                ctx.stop();
-                false
-            }
-        }
-    }
-
-    /// A live watcher whose client does not keep up: closed, as cacheWatcher's are.
-    fn too_slow(&mut self, ctx: &mut Context<Self>) {
-        let r = &self.spec.cached.key.resource;
-        metrics::counter!(m::TERMINATED_WATCHERS, "group" => r.group.clone(), "resource" => r.resource.clone())
-            .increment(1);
-        tracing::warn!(key = %self.spec.cached.key, watcher = self.id, "closing unresponsive watcher: client is not reading");
-        self.closing = true;
-        ctx.stop();
-    }
-
-    /// Sends the event if this watcher wants it; whether a line was queued.
-    fn deliver(&mut self, ev: &StoreEvent, ctx: &mut Context<Self>) -> bool {
-        // Events from before the key's list (`BACKFILLED_SEQ`) come only in a start's
-        // replay, once, ahead of every numbered event: the RV floor alone orders them.
-        if !self.cursor.admit(ev.seq, ev.rv, BACKFILLED_SEQ) {
-            return false;
-        }
-        let line = match convert(&self.spec.filter, ev.kind, &ev.object, ev.prev.as_deref()) {
-            None => return false,
-            Some(Conversion::Send {
-                same_as_source: true,
-                ..
-            }) => self.spec.encoder.shared(ev),
-            Some(Conversion::Send { kind, .. }) => self.spec.encoder.encode(kind, &ev.object),
-            Some(Conversion::DeletedPrev) => match &ev.prev {
-                Some(prev) => self
-                    .spec
-                    .encoder
-                    .encode(EventType::Deleted, &prev.with_rv(ev.rv)),
-                None => return false,
-            },
         };
-        let Some(line) = line else {
-            self.unencodable(ctx);
-            return false;
-        };
-        if self.live && self.spec.body.room() == 0 && !self.closing {
-            return self.stall(line, ev.rv, ctx);
+        state.subscribe(spec.plan, None);
+        Watcher {
+            state,
+            timer: tokio::time::sleep_until(first.into()),
         }
-        let pushed = self.push(line, ctx);
-        if pushed {
-            self.cursor.sent(ev.rv);
-        }
-        pushed
     }
+}
 
-    /// A live event found the client's buffer full. As the cacher's dispatch, wait for
-    /// room at most what the resource's budget has left: the line waits at the head of the
-    /// backlog (later events queue behind it, bounded by the mailbox size), and the watch
-    /// is closed as too slow when the budget is empty or the wait runs out. A client that
-    /// was only a moment behind keeps its watch.
-    fn stall(&mut self, line: Bytes, rv: u64, ctx: &mut Context<Self>) -> bool {
-        let wait = self.spec.budget.take();
-        if wait.is_zero() {
-            metrics::counter!(m::DISPATCH_WAITS, "outcome" => "no_budget").increment(1);
-            self.too_slow(ctx);
-            return false;
-        }
-        let since = Instant::now();
-        self.stalled = Some(Box::new((since, wait)));
-        self.backlog.push_back(Item::Line(line, rv));
-        ctx.run_later(wait, move |act, ctx| {
-            // Still the same wait, and the backlog not written: the budget is spent.
-            if act.stalled.as_deref().is_some_and(|(s, _)| *s == since) {
-                act.stalled = None;
-                metrics::counter!(m::DISPATCH_WAITS, "outcome" => "closed").increment(1);
-                act.too_slow(ctx);
-            }
-        });
-        self.drain(ctx);
-        true
+impl futures::Stream for Watcher {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Self::Item>> {
+        let this = self.project();
+        this.state
+            .poll_line(this.timer, cx)
+            .map(|line| line.map(Ok))
     }
+}
 
-    /// Writes the backlog while the client's buffer has room, waits for room when it has
-    /// none, and once it is written asks the key to continue (unless already live).
-    fn drain(&mut self, ctx: &mut Context<Self>) {
-        while !self.backlog.is_empty() {
+impl State {
+    /// The next line to write: the timer first (the timeout ends even a long backlog),
+    /// then the backlog, then one message at a time; `Pending` when there is none of
+    /// these, `None` once the watch ended.
+    fn poll_line(
+        &mut self,
+        mut timer: Pin<&mut Sleep>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Bytes>> {
+        loop {
             if self.closing {
-                return;
+                self.stop();
+                return Poll::Ready(None);
             }
-            if self.spec.body.room() == 0 {
-                if !self.waiting_for_room {
-                    self.waiting_for_room = true;
-                    ctx.spawn(
-                        self.spec
-                            .body
-                            .writable()
-                            .into_actor(self)
-                            .map(|(), act, ctx| {
-                                act.waiting_for_room = false;
-                                act.drain(ctx);
-                            }),
-                    );
+            if timer.as_mut().poll(cx).is_ready() {
+                if let Some(line) = self.tick(timer.as_mut()) {
+                    return Poll::Ready(Some(line));
                 }
-                return;
+                continue;
             }
-            match self.backlog.pop_front() {
-                Some(Item::Object(obj)) if self.spec.filter.matches(&obj) => {
-                    match self.spec.encoder.encode(EventType::Added, &obj) {
-                        Some(line) => {
-                            self.push(line, ctx);
-                        }
-                        None => {
-                            self.unencodable(ctx);
-                            return;
-                        }
+            if let Some(item) = self.backlog.pop_front() {
+                if let Some(line) = self.write(item) {
+                    return Poll::Ready(Some(line));
+                }
+                continue;
+            }
+            if std::mem::take(&mut self.drain_due) {
+                self.drained();
+                continue;
+            }
+            match self.mailbox.poll_recv(cx) {
+                Poll::Ready(Received::Msg(msg)) => {
+                    if let Some(line) = self.handle(msg) {
+                        return Poll::Ready(Some(line));
                     }
                 }
-                Some(Item::Object(_)) => {}
-                Some(Item::EndBookmark(rv)) => self.bookmark(rv, true, ctx),
-                Some(Item::Event(ev)) => {
-                    self.deliver(&ev, ctx);
-                }
-                Some(Item::Final(line)) => {
-                    self.push(line, ctx);
-                    self.closing = true;
-                    ctx.stop();
-                    return;
-                }
-                Some(Item::Line(line, rv)) => {
-                    let pushed = self.push(line, ctx);
-                    if pushed {
-                        self.cursor.sent(rv);
-                    }
-                }
-                None => {}
+                Poll::Ready(Received::Cut) => self.too_slow(),
+                Poll::Pending => return Poll::Pending,
             }
         }
-        if let Some((since, wait)) = self.stalled.take().map(|s| *s) {
-            // Caught up within the wait: what it did not use goes back to the others.
-            self.spec
-                .budget
-                .give_back(wait.saturating_sub(since.elapsed()));
-            metrics::counter!(m::DISPATCH_WAITS, "outcome" => "caught_up").increment(1);
+    }
+
+    /// The timer fired: the timeout, or a keepalive instant (the newline when the watch
+    /// wrote nothing for a while, and the timer set to the next instant).
+    fn tick(&mut self, mut timer: Pin<&mut Sleep>) -> Option<Bytes> {
+        let at = timer.deadline().into_std();
+        if at >= self.deadline {
+            self.closing = true;
+            return None;
         }
+        timer
+            .as_mut()
+            .reset((at + self.every).min(self.deadline).into());
+        let due = keepalive_due(self.last_write.elapsed(), self.every);
+        (due && self.encoder.keepalives()).then(|| self.emit(Bytes::from_static(b"\n")))
+    }
+
+    /// A line leaves for the client.
+    fn emit(&mut self, line: Bytes) -> Bytes {
+        self.last_write = tokio::time::Instant::now();
+        if line.len() != 1 {
+            self.metrics.dispatched.increment(1);
+        }
+        line
+    }
+
+    fn handle(&mut self, msg: ToWatcher) -> Option<Bytes> {
+        match msg {
+            ToWatcher::Start(start) => {
+                self.on_start(start);
+                None
+            }
+            ToWatcher::Replay(replay) => {
+                self.live |= replay.live;
+                self.backlog
+                    .extend(replay.events.into_iter().map(Item::Event));
+                self.backlog_seq = self.backlog_seq.max(replay.upto_seq);
+                self.drain_due = true;
+                None
+            }
+            ToWatcher::Expired { requested, oldest } => {
+                // As 1.20: HTTP 200, then one in-stream ERROR with a 410 Expired Status,
+                // which is the form clients (kube-rs, client-go's reflector) relist on.
+                let message = format!("too old resource version: {requested} ({oldest})");
+                let line = self.encoder.error(410, "Expired", &message);
+                self.finish_with(line)
+            }
+            ToWatcher::Failed {
+                code,
+                reason,
+                message,
+            } => {
+                let line = self.encoder.error(code, reason, &message);
+                self.finish_with(line)
+            }
+            ToWatcher::Dispatch(ev) => self.on_dispatch(ev),
+            ToWatcher::Bookmark { rv } => {
+                // Queued only when the client's buffer had room (`offer_bookmark`).
+                if self.live && self.allow_bookmarks {
+                    self.bookmark(rv, false)
+                } else {
+                    None
+                }
+            }
+            ToWatcher::Move(m) => {
+                // Taken after the backlog the old key sent was written.
+                self.move_to(m);
+                None
+            }
+            ToWatcher::Close(reason) => {
+                self.closing = true;
+                match reason {
+                    // Only a watcher that sent everything up to `rv` may say so.
+                    CloseReason::Draining { rv } if self.live && self.allow_bookmarks => {
+                        self.bookmark(rv, false)
+                    }
+                    _ => None,
+                }
+            }
+        }
+    }
+
+    /// One line of the backlog (`None`: nothing to write for this item).
+    fn write(&mut self, item: Item) -> Option<Bytes> {
+        match item {
+            Item::Object(obj) if self.filter.matches(&obj) => {
+                match self.encoder.encode(EventType::Added, &obj) {
+                    Some(line) => Some(self.emit(line)),
+                    None => self.unencodable(),
+                }
+            }
+            Item::Object(_) => None,
+            Item::EndBookmark(rv) => self.bookmark(rv, true),
+            Item::Event(ev) => self.deliver(&ev),
+        }
+    }
+
+    /// The backlog is written: the key learns how far it went (unless already live), or
+    /// an empty start or replay made it live at once.
+    fn drained(&mut self) {
         // Shrink what a 20,000-object start left behind.
-        self.backlog = std::collections::VecDeque::new();
+        self.backlog = VecDeque::new();
         self.cursor.covered(self.backlog_seq);
-        if let Some(m) = self.moving.take() {
-            self.move_to(*m, ctx);
-            return;
-        }
         if !self.live && !self.closing {
-            self.spec.cached.do_send(ToKey::Ready(Ready {
+            self.cached.do_send(ToKey::Ready(Ready {
                 id: self.id,
                 after_seq: self.cursor.last_seq,
                 rv: self.cursor.rv(),
-                room: self.spec.body.room(),
+                room: self.mailbox.room(),
             }));
         }
+    }
+
+    /// The line of an event if this watcher wants it.
+    fn deliver(&mut self, ev: &StoreEvent) -> Option<Bytes> {
+        // Events from before the key's list (`BACKFILLED_SEQ`) come only in a start's
+        // replay, once, ahead of every numbered event: the RV floor alone orders them.
+        if !self.cursor.admit(ev.seq, ev.rv, BACKFILLED_SEQ) {
+            return None;
+        }
+        let line = match convert(&self.filter, ev.kind, &ev.object, ev.prev.as_deref()) {
+            None => return None,
+            Some(Conversion::Send {
+                same_as_source: true,
+                ..
+            }) => self.encoder.shared(ev),
+            Some(Conversion::Send { kind, .. }) => self.encoder.encode(kind, &ev.object),
+            Some(Conversion::DeletedPrev) => {
+                let prev = ev.prev.as_ref()?;
+                self.encoder
+                    .encode(EventType::Deleted, &prev.with_rv(ev.rv))
+            }
+        };
+        let Some(line) = line else {
+            return self.unencodable();
+        };
+        self.cursor.sent(ev.rv);
+        Some(self.emit(line))
+    }
+
+    /// A client that did not catch up within its wait (`mailbox`): closed, as
+    /// cacheWatcher's are.
+    fn too_slow(&mut self) {
+        let r = &self.cached.key.resource;
+        metrics::counter!(m::TERMINATED_WATCHERS, "group" => r.group.clone(), "resource" => r.resource.clone())
+            .increment(1);
+        tracing::warn!(key = %self.cached.key, watcher = self.id, "closing unresponsive watcher: client is not reading");
+        self.closing = true;
     }
 
     /// An object this watch's encoding cannot express (protobuf, and a field the schema
     /// lacks): the watch ends with an error rather than send the object without it. The
     /// resource is then served as JSON (`Codec::refuse`), so the client's next list and
     /// watch get every field.
-    fn unencodable(&mut self, ctx: &mut Context<Self>) {
-        metrics::counter!(m::PROTOBUF_UNENCODABLE, "group" => self.spec.cached.key.resource.group.clone(), "resource" => self.spec.cached.key.resource.resource.clone())
+    fn unencodable(&mut self) -> Option<Bytes> {
+        metrics::counter!(m::PROTOBUF_UNENCODABLE, "group" => self.cached.key.resource.group.clone(), "resource" => self.cached.key.resource.resource.clone())
             .increment(1);
-        let line = self.spec.encoder.error(
+        let line = self.encoder.error(
             500,
             "InternalError",
             "kcache cannot encode an object of this resource as protobuf; list again",
         );
-        self.finish_with(line, ctx);
+        self.finish_with(line)
     }
 
-    /// Ends the watch with one in-stream error line, written after what is queued.
-    fn finish_with(&mut self, line: Option<Bytes>, ctx: &mut Context<Self>) {
+    /// Ends the watch with one in-stream error line (or none, when the encoding cannot
+    /// say it).
+    fn finish_with(&mut self, line: Option<Bytes>) -> Option<Bytes> {
         self.backlog.clear();
-        match line {
-            Some(line) => {
-                self.backlog.push_back(Item::Final(line));
-                self.drain(ctx);
-            }
-            None => {
-                self.closing = true;
-                ctx.stop();
-            }
-        }
+        self.closing = true;
+        line.map(|line| self.emit(line))
     }
 
-    fn bookmark(&mut self, rv: u64, initial_events_end: bool, ctx: &mut Context<Self>) {
+    fn bookmark(&mut self, rv: u64, initial_events_end: bool) -> Option<Bytes> {
         // Never below what the client already has; equal is allowed (as the seed does).
         let rv = self.cursor.bookmark_rv(rv);
-        let line =
-            self.spec
-                .encoder
-                .bookmark(&self.spec.cached.key.resource, rv, initial_events_end);
-        let Some(line) = line else { return };
-        if self.push(line, ctx) {
-            self.cursor.sent(rv);
+        let line = self
+            .encoder
+            .bookmark(&self.cached.key.resource, rv, initial_events_end)?;
+        self.cursor.sent(rv);
+        Some(self.emit(line))
+    }
+
+    /// Subscribes to the key in `cached`.
+    fn subscribe(&self, plan: WatchPlan, moved: Option<MovedFrom>) {
+        self.cached.do_send(ToKey::Subscribe(Subscribe {
+            id: self.id,
+            link: self.mailbox.link(),
+            plan,
+            allow_bookmarks: self.allow_bookmarks,
+            deadline: Some(self.deadline),
+            asked: self.asked.clone(),
+            moved,
+        }));
+    }
+
+    /// Goes on from another key: the old one sent every event up to `after_rv` (all
+    /// written by now) and nothing after, the new one replays what came after it. The
+    /// reference moves with the watcher; the filter tests what the new key does not
+    /// guarantee; event sequence numbers start over (they are per key), the RV floor
+    /// keeps anything at or below `after_rv` from being sent again.
+    fn move_to(&mut self, m: Move) {
+        if self.closing {
+            return;
         }
+        if !m.link.connected() {
+            // The key it was to join stopped meanwhile: end the watch (the client resumes
+            // from its last RV) rather than wait for a start that never comes.
+            self.closing = true;
+            return;
+        }
+        let asked = self
+            .asked
+            .take()
+            .map_or_else(|| self.cached.key.clone(), |k| *k);
+        self.registry.do_send(Moved {
+            from: self.cached.key.clone(),
+            to: m.link.key.clone(),
+            asked: asked.clone(),
+        });
+        let field = std::mem::take(&mut self.filter.field);
+        self.filter.field = cover::field_for(&asked, &m.link.key, field);
+        self.asked = (asked != m.link.key).then(|| Box::new(asked));
+        self.cached = m.link;
+        self.cursor.moved(m.after_rv);
+        self.live = false;
+        self.started = false;
+        self.backlog_seq = 0;
+        let plan = WatchPlan {
+            initial_events: false,
+            initial_events_end_bookmark: false,
+            from_rv: m.after_rv,
+        };
+        let moved = MovedFrom {
+            object_rv: m.object_rv,
+        };
+        self.subscribe(plan, Some(moved));
+    }
+
+    fn on_start(&mut self, msg: Start) {
+        self.started = true;
+        let snapshot = (!msg.initial.is_empty() || msg.end_bookmark).then_some(msg.initial_rv);
+        self.cursor.started(snapshot, msg.floor);
+        self.backlog
+            .extend(msg.initial.into_iter().map(Item::Object));
+        if msg.end_bookmark {
+            self.backlog.push_back(Item::EndBookmark(msg.initial_rv));
+        }
+        self.backlog.extend(msg.replay.into_iter().map(Item::Event));
+        self.backlog_seq = msg.start_seq;
+        self.drain_due = true;
+    }
+
+    fn on_dispatch(&mut self, ev: Arc<StoreEvent>) -> Option<Bytes> {
+        if !self.started {
+            return None;
+        }
+        let line = self.deliver(&ev)?;
+        // Only live deliveries are timed: a replayed event's age is the client's
+        // resourceVersion, not kcache's latency.
+        if !self.closing && ev.seq.is_multiple_of(m::EVENT_DELIVERY_SAMPLE) {
+            self.metrics
+                .delivery
+                .record(ev.made.elapsed().as_secs_f64());
+        }
+        Some(line)
+    }
+
+    /// The watch ended (its body ends) or its body was dropped (the client went away):
+    /// the key and the registry are told once, and what it held is let go at once.
+    fn stop(&mut self) {
+        if std::mem::replace(&mut self.stopped, true) {
+            return;
+        }
+        self.closing = true;
+        self.mailbox.close();
+        self.backlog = VecDeque::new();
+        self.permit = None;
+        self.metrics.registered.decrement(1.0);
+        self.cached.do_send(ToKey::Unsubscribe { id: self.id });
+        self.registry.do_send(Release {
+            key: self.cached.key.clone(),
+            asked: self.asked.as_deref().unwrap_or(&self.cached.key).clone(),
+        });
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -493,39 +684,6 @@ fn status(code: u16, reason: &str, message: &str) -> serde_json::Value {
     })
 }
 
-impl Actor for Watcher {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.set_mailbox_capacity(self.spec.mailbox.max(1));
-        self.metrics.registered.increment(1.0);
-        let deadline = self.spec.deadline;
-        // The timeout, the keepalives and noticing a client that went away (even on a
-        // quiet key) share one stream: one allocation and one timer per watch instead of
-        // three, which matters at tens of thousands of idle watches.
-        ctx.add_stream(ticks(
-            self.spec.body.closed(),
-            deadline,
-            self.spec.keepalive,
-        ));
-        self.subscribe(self.spec.plan, None, ctx);
-    }
-
-    fn stopped(&mut self, _ctx: &mut Self::Context) {
-        self.metrics.registered.decrement(1.0);
-        self.spec.cached.do_send(ToKey::Unsubscribe { id: self.id });
-        self.spec.registry.do_send(Release {
-            key: self.spec.cached.key.clone(),
-            asked: self
-                .spec
-                .asked
-                .as_deref()
-                .unwrap_or(&self.spec.cached.key)
-                .clone(),
-        });
-    }
-}
-
 /// Longest timeout a watcher keeps; ten years is "never" for a watch.
 const LONGEST_TIMEOUT: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
@@ -533,48 +691,6 @@ const LONGEST_TIMEOUT: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// `Instant` cannot represent (adding it panics).
 pub fn deadline_after(timeout: Duration) -> Instant {
     Instant::now() + timeout.min(LONGEST_TIMEOUT)
-}
-
-/// What wakes an idle watcher.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Tick {
-    /// Time to write a bare newline if nothing was written for a period.
-    Keepalive,
-    /// The watch's timeout passed.
-    Timeout,
-    /// The response body was dropped: the client went away.
-    Gone,
-}
-
-/// The ticks of one watcher: keepalives at the instants of `keepalive`'s grid, then
-/// `Timeout` at `deadline`, or `Gone` as soon as `closed` resolves; nothing after
-/// `Timeout` or `Gone`.
-fn ticks(
-    closed: body::Closed,
-    deadline: Instant,
-    keepalive: Keepalive,
-) -> impl futures::Stream<Item = Tick> {
-    let Keepalive { every, phase } = keepalive;
-    // As long as a timeout may be (`Instant` arithmetic panics where it cannot represent).
-    let every = every.min(LONGEST_TIMEOUT);
-    // The runtime's clock, not the system's: the same in a running kcache, and it lets a
-    // test with paused time place watches on the grid.
-    let now = tokio::time::Instant::now().into_std();
-    let first = (!every.is_zero()).then(|| first_tick(grid_epoch(now), now, every, phase));
-    futures::stream::unfold(Some((closed, first)), move |state| async move {
-        let (mut closed, next) = state?;
-        let at = next.map_or(deadline, |n| n.min(deadline));
-        tokio::select! {
-            _ = &mut closed => Some((Tick::Gone, None)),
-            _ = tokio::time::sleep_until(at.into()) => {
-                if at >= deadline {
-                    Some((Tick::Timeout, None))
-                } else {
-                    Some((Tick::Keepalive, Some((closed, Some(at + every)))))
-                }
-            }
-        }
-    })
 }
 
 /// The origin of every watch's keepalive grid: the first time a watch asked for it.
@@ -618,370 +734,344 @@ fn keepalive_due(since_last_write: Duration, every: Duration) -> bool {
     since_last_write >= every / 2
 }
 
-impl StreamHandler<Tick> for Watcher {
-    fn handle(&mut self, tick: Tick, ctx: &mut Self::Context) {
-        match tick {
-            Tick::Keepalive => {
-                // A full queue has bytes on their way already; a keepalive there would be
-                // taken for a client that stopped reading.
-                if keepalive_due(self.last_write.elapsed(), self.spec.keepalive.every)
-                    && self.spec.body.room() > 0
-                    && self.spec.encoder.keepalives()
-                {
-                    self.push(Bytes::from_static(b"\n"), ctx);
-                }
-            }
-            Tick::Timeout | Tick::Gone => {
-                self.closing = true;
-                ctx.stop();
-            }
-        }
-    }
-
-    // The stream ends only after `Timeout` or `Gone`, which stop the watcher already.
-    fn finished(&mut self, _ctx: &mut Self::Context) {}
-}
-
-impl Handler<ToWatcher> for Watcher {
-    type Result = ();
-
-    fn handle(&mut self, msg: ToWatcher, ctx: &mut Self::Context) {
-        match msg {
-            ToWatcher::Start(start) => self.on_start(start, ctx),
-            ToWatcher::Replay(replay) => {
-                self.live |= replay.live;
-                self.backlog
-                    .extend(replay.events.into_iter().map(Item::Event));
-                self.backlog_seq = self.backlog_seq.max(replay.upto_seq);
-                self.drain(ctx);
-            }
-            ToWatcher::Expired { requested, oldest } => {
-                // As 1.20: HTTP 200, then one in-stream ERROR with a 410 Expired Status,
-                // which is the form clients (kube-rs, client-go's reflector) relist on.
-                let message = format!("too old resource version: {requested} ({oldest})");
-                let line = self.spec.encoder.error(410, "Expired", &message);
-                self.finish_with(line, ctx);
-            }
-            ToWatcher::Failed {
-                code,
-                reason,
-                message,
-            } => {
-                let line = self.spec.encoder.error(code, reason, &message);
-                self.finish_with(line, ctx);
-            }
-            ToWatcher::Dispatch(ev) => self.on_dispatch(ev, ctx),
-            ToWatcher::Bookmark { rv } => {
-                // Dropped when the client's buffer is full, as the cacher's bookmarks
-                // are: another comes, and a full buffer is no reason to close the watch.
-                if self.live
-                    && self.backlog.is_empty()
-                    && self.spec.allow_bookmarks
-                    && self.spec.body.room() > 0
-                {
-                    self.bookmark(rv, false, ctx);
-                }
-            }
-            ToWatcher::Move(m) => {
-                // The backlog holds events the old key sent: they go out first.
-                if self.backlog.is_empty() {
-                    self.move_to(m, ctx);
-                } else {
-                    self.moving = Some(Box::new(m));
-                }
-            }
-            ToWatcher::Close(reason) => {
-                if let CloseReason::Draining { rv } = reason {
-                    // Only a watcher that sent everything up to `rv` may say so.
-                    if self.live && self.backlog.is_empty() && self.spec.allow_bookmarks {
-                        self.bookmark(rv, false, ctx);
-                    }
-                }
-                self.closing = true;
-                ctx.stop();
-            }
-        }
-    }
-}
-
-impl Watcher {
-    /// Subscribes to the key in `spec.cached`.
-    fn subscribe(&mut self, plan: WatchPlan, moved: Option<MovedFrom>, ctx: &mut Context<Self>) {
-        self.spec.cached.do_send(ToKey::Subscribe(Subscribe {
-            id: self.id,
-            link: ctx.address().recipient(),
-            plan,
-            allow_bookmarks: self.spec.allow_bookmarks,
-            deadline: Some(self.spec.deadline),
-            asked: self.spec.asked.clone(),
-            moved,
-        }));
-    }
-
-    /// Goes on from another key: the old one sent every event up to `after_rv` (all
-    /// written by now) and nothing after, the new one replays what came after it. The
-    /// reference moves with the watcher; the filter tests what the new key does not
-    /// guarantee; event sequence numbers start over (they are per key), the RV floor
-    /// keeps anything at or below `after_rv` from being sent again.
-    fn move_to(&mut self, m: Move, ctx: &mut Context<Self>) {
-        if self.closing {
-            return;
-        }
-        if !m.link.connected() {
-            // The key it was to join stopped meanwhile: end the watch (the client resumes
-            // from its last RV) rather than wait for a start that never comes.
-            self.closing = true;
-            ctx.stop();
-            return;
-        }
-        let asked = self
-            .spec
-            .asked
-            .take()
-            .map_or_else(|| self.spec.cached.key.clone(), |k| *k);
-        self.spec.registry.do_send(Moved {
-            from: self.spec.cached.key.clone(),
-            to: m.link.key.clone(),
-            asked: asked.clone(),
-        });
-        let field = std::mem::take(&mut self.spec.filter.field);
-        self.spec.filter.field = cover::field_for(&asked, &m.link.key, field);
-        self.spec.asked = (asked != m.link.key).then(|| Box::new(asked));
-        self.spec.cached = m.link;
-        self.cursor.moved(m.after_rv);
-        self.live = false;
-        self.started = false;
-        self.backlog_seq = 0;
-        let plan = WatchPlan {
-            initial_events: false,
-            initial_events_end_bookmark: false,
-            from_rv: m.after_rv,
-        };
-        let moved = MovedFrom {
-            object_rv: m.object_rv,
-        };
-        self.subscribe(plan, Some(moved), ctx);
-    }
-
-    fn on_start(&mut self, msg: Start, ctx: &mut Context<Self>) {
-        self.started = true;
-        let snapshot = (!msg.initial.is_empty() || msg.end_bookmark).then_some(msg.initial_rv);
-        self.cursor.started(snapshot, msg.floor);
-        self.backlog
-            .extend(msg.initial.into_iter().map(Item::Object));
-        if msg.end_bookmark {
-            self.backlog.push_back(Item::EndBookmark(msg.initial_rv));
-        }
-        self.backlog.extend(msg.replay.into_iter().map(Item::Event));
-        self.backlog_seq = msg.start_seq;
-        self.drain(ctx);
-    }
-
-    fn on_dispatch(&mut self, ev: Arc<StoreEvent>, ctx: &mut Context<Self>) {
-        if !self.started {
-            return;
-        }
-        if self.backlog.is_empty() {
-            // Only live deliveries are timed: a replayed event's age is the client's
-            // resourceVersion, not kcache's latency.
-            if self.deliver(&ev, ctx) && ev.seq.is_multiple_of(m::EVENT_DELIVERY_SAMPLE) {
-                self.metrics
-                    .delivery
-                    .record(ev.made.elapsed().as_secs_f64());
-            }
-        } else if self.backlog.len() < self.spec.mailbox {
-            // Live, and the replay that made it live is still being written: in order.
-            self.backlog.push_back(Item::Event(ev));
-        } else {
-            self.too_slow(ctx);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::CacheConfig;
+    use crate::core::key::Scope;
+    use crate::feed::{KeyStatus, SourceFactory, SourceHandle, SourceMsg, TakeSnapshot};
+    use crate::watch_feed::{KeyAddr, Refused, Replay, WatcherLink};
+    use futures::StreamExt;
+    use std::sync::Mutex;
+    use tokio::sync::mpsc;
 
-    mod dispatch_budget {
-        use super::*;
-        use crate::config::CacheConfig;
-        use crate::core::key::{ResourceType, Scope};
-        use crate::core::object::Object;
-        use crate::feed::{KeyStatus, SourceFactory, SourceHandle, SourceMsg, TakeSnapshot};
-        use crate::watch_feed::{KeyAddr, Replay, Start};
-        use futures::StreamExt;
-        use tokio::sync::mpsc;
+    /// The registry of these tests starts no key: a watcher only releases into it.
+    struct NoSources;
 
-        /// The registry of these tests starts no key: a watcher only releases into it.
-        struct NoSources;
-
-        impl SourceFactory for NoSources {
-            fn start(
-                &self,
-                _key: &Key,
-                _status: &Arc<KeyStatus>,
-                _snapshots: Recipient<TakeSnapshot>,
-            ) -> (SourceHandle, mpsc::Receiver<SourceMsg>) {
-                panic!("the watcher tests start no key")
-            }
+    impl SourceFactory for NoSources {
+        fn start(
+            &self,
+            _key: &Key,
+            _status: &Arc<KeyStatus>,
+            _snapshots: Recipient<TakeSnapshot>,
+        ) -> (SourceHandle, mpsc::Receiver<SourceMsg>) {
+            panic!("the watcher tests start no key")
         }
+    }
 
-        /// A key that starts every watch empty and makes it live at once: the watcher's
-        /// side of the protocol is what these tests look at.
-        #[derive(Default)]
-        struct EmptyKey {
-            link: Option<crate::watch_feed::WatcherLink>,
-        }
+    /// What a test's key saw of its watcher: its link, and whether it unsubscribed.
+    #[derive(Default)]
+    struct Seen {
+        link: Option<WatcherLink>,
+        unsubscribed: bool,
+    }
 
-        impl Actor for EmptyKey {
-            type Context = Context<Self>;
-        }
+    /// A key that starts every watch empty and makes it live at once: the watcher's
+    /// side of the protocol is what these tests look at.
+    struct EmptyKey(Arc<Mutex<Seen>>);
 
-        impl Handler<ToKey> for EmptyKey {
-            type Result = ();
+    impl Actor for EmptyKey {
+        type Context = Context<Self>;
+    }
 
-            fn handle(&mut self, msg: ToKey, _ctx: &mut Context<Self>) {
-                match msg {
-                    ToKey::Subscribe(sub) => {
-                        sub.link.do_send(ToWatcher::Start(Start {
-                            initial: Vec::new(),
-                            initial_rv: 1,
-                            end_bookmark: false,
-                            replay: Vec::new(),
-                            floor: 1,
-                            start_seq: 0,
+    impl Handler<ToKey> for EmptyKey {
+        type Result = ();
+
+        fn handle(&mut self, msg: ToKey, _ctx: &mut Context<Self>) {
+            let mut seen = self.0.lock().expect("seen");
+            match msg {
+                ToKey::Subscribe(sub) => {
+                    sub.link.do_send(ToWatcher::Start(Start {
+                        initial: Vec::new(),
+                        initial_rv: 1,
+                        end_bookmark: false,
+                        replay: Vec::new(),
+                        floor: 1,
+                        start_seq: 0,
+                    }));
+                    seen.link = Some(sub.link);
+                }
+                ToKey::Ready(_) => {
+                    if let Some(link) = &seen.link {
+                        link.do_send(ToWatcher::Replay(Replay {
+                            events: Vec::new(),
+                            upto_seq: 0,
+                            live: true,
                         }));
-                        self.link = Some(sub.link);
                     }
-                    ToKey::Ready(_) => {
-                        if let Some(link) = &self.link {
-                            link.do_send(ToWatcher::Replay(Replay {
-                                events: Vec::new(),
-                                upto_seq: 0,
-                                live: true,
-                            }));
-                        }
-                    }
-                    ToKey::Unsubscribe { .. } => {}
                 }
+                ToKey::Unsubscribe { .. } => seen.unsubscribed = true,
             }
         }
+    }
 
-        fn event(seq: u64) -> ToWatcher {
-            let rv = 1 + seq;
-            let object = Object::from_value(
-                crate::core::object::Schema::Generic,
-                &json!({"metadata": {"name": "s", "namespace": "n", "resourceVersion": rv.to_string()}}),
-            )
-            .expect("a valid object");
-            ToWatcher::Dispatch(Arc::new(StoreEvent::new(
-                seq,
-                rv,
-                EventType::Modified,
-                Arc::new(object),
-                None,
-            )))
+    fn event(seq: u64) -> Arc<StoreEvent> {
+        let rv = 1 + seq;
+        let object = Object::from_value(
+            crate::core::object::Schema::Generic,
+            &json!({"metadata": {"name": "s", "namespace": "n", "resourceVersion": rv.to_string()}}),
+        )
+        .expect("a valid object");
+        Arc::new(StoreEvent::new(
+            seq,
+            rv,
+            EventType::Modified,
+            Arc::new(object),
+            None,
+        ))
+    }
+
+    /// What `CachedObject` does with a live event: offered, and a watcher that refuses it
+    /// as full is closed as too slow.
+    fn key_sends(link: &WatcherLink, seq: u64) {
+        if link.offer(event(seq)) == Err(Refused::Full) {
+            link.do_send(ToWatcher::Close(CloseReason::TooSlow));
         }
+    }
 
-        /// A live watch with a client buffer of two lines over `budget`, and its body.
-        async fn live_watch(budget: Duration) -> (Addr<Watcher>, body::Body) {
-            let key = Key::new(
-                Arc::new(ResourceType::new("", "v1", "secrets", "Secret", true)),
-                Scope::Namespace("n".into()),
-            );
-            let registry = Registry::new(
-                Arc::new(CacheConfig::default()),
-                Arc::new(NoSources),
-                "test".into(),
-            )
-            .start();
-            let (tx, rx) = body::channel(2);
-            let watcher = Watcher::new(WatcherSpec {
-                asked: None,
-                filter: Filter::everything(),
-                plan: WatchPlan {
-                    initial_events: false,
-                    initial_events_end_bookmark: false,
-                    from_rv: 1,
-                },
-                allow_bookmarks: false,
-                deadline: deadline_after(Duration::from_secs(60)),
-                encoder: Encoder::Json,
-                body: tx,
-                cached: Arc::new(KeyAddr {
-                    key,
-                    addr: EmptyKey::default().start().recipient(),
-                }),
-                registry: Arc::new(registry),
-                mailbox: 100,
-                budget: Arc::new(DispatchBudget::with_available(budget)),
-                keepalive: Keepalive {
-                    every: Duration::from_secs(3600),
-                    phase: 0.0,
-                },
-                permit: None,
-            })
-            .start();
-            // Start, Ready, the live Replay: a few mailbox round trips.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            (watcher, rx)
-        }
+    /// A watch with a client buffer of two events over `budget` and keepalives every
+    /// `every` at `phase`, its body, and what its key saw.
+    fn watch(
+        budget: Arc<DispatchBudget>,
+        keepalive: Keepalive,
+        timeout: Duration,
+    ) -> (Pin<Box<Watcher>>, Arc<Mutex<Seen>>) {
+        let key = Key::new(
+            Arc::new(ResourceType::new("", "v1", "secrets", "Secret", true)),
+            Scope::Namespace("n".into()),
+        );
+        let registry = Registry::new(
+            Arc::new(CacheConfig::default()),
+            Arc::new(NoSources),
+            "test".into(),
+        )
+        .start();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let watcher = Box::pin(Watcher::new(WatcherSpec {
+            asked: None,
+            filter: Filter::everything(),
+            plan: WatchPlan {
+                initial_events: false,
+                initial_events_end_bookmark: false,
+                from_rv: 1,
+            },
+            allow_bookmarks: false,
+            deadline: deadline_after(timeout),
+            encoder: Encoder::Json,
+            buffer: 2,
+            mailbox: 100,
+            cached: Arc::new(KeyAddr {
+                key,
+                addr: EmptyKey(seen.clone()).start().recipient(),
+            }),
+            registry: Arc::new(registry),
+            budget,
+            keepalive,
+            permit: None,
+        }));
+        (watcher, seen)
+    }
 
-        /// The RVs of the lines the body yields until it ends or stays quiet for 300 ms,
-        /// and whether it ended (the watch closed).
-        async fn read_rest(rx: &mut body::Body) -> (Vec<u64>, bool) {
-            let mut rvs = Vec::new();
-            loop {
-                match tokio::time::timeout(Duration::from_millis(300), rx.next()).await {
-                    Ok(Some(Ok(line))) => {
-                        let v: serde_json::Value =
-                            serde_json::from_slice(&line).expect("a JSON event line");
-                        let rv = v["object"]["metadata"]["resourceVersion"]
-                            .as_str()
-                            .and_then(|s| s.parse().ok())
-                            .expect("an RV");
-                        rvs.push(rv);
-                    }
-                    Ok(_) => return (rvs, true),
-                    Err(_) => return (rvs, false),
+    fn budget(available: Duration) -> Arc<DispatchBudget> {
+        Arc::new(DispatchBudget::with_available(available))
+    }
+
+    const HOURLY: Keepalive = Keepalive {
+        every: Duration::from_secs(3600),
+        phase: 0.0,
+    };
+
+    /// A live watch (as [`watch`]), and its key's link to it.
+    async fn live_watch(budget: Arc<DispatchBudget>) -> (Pin<Box<Watcher>>, WatcherLink) {
+        let (mut body, seen) = watch(budget, HOURLY, Duration::from_secs(60));
+        // Start, Ready, the live Replay: the body runs the watcher as it is polled.
+        let (lines, ended) = read_rest(&mut body).await;
+        assert_eq!((lines, ended), (vec![], false));
+        let link = seen.lock().expect("seen").link.clone().expect("subscribed");
+        (body, link)
+    }
+
+    /// The RVs of the lines the body yields until it ends or stays quiet for 300 ms,
+    /// and whether it ended (the watch closed).
+    async fn read_rest(body: &mut Pin<Box<Watcher>>) -> (Vec<u64>, bool) {
+        let mut rvs = Vec::new();
+        loop {
+            match tokio::time::timeout(Duration::from_millis(300), body.next()).await {
+                Ok(Some(Ok(line))) => {
+                    let v: serde_json::Value =
+                        serde_json::from_slice(&line).expect("a JSON event line");
+                    let rv = v["object"]["metadata"]["resourceVersion"]
+                        .as_str()
+                        .and_then(|s| s.parse().ok())
+                        .expect("an RV");
+                    rvs.push(rv);
                 }
+                Ok(_) => return (rvs, true),
+                Err(_) => return (rvs, false),
             }
         }
+    }
 
-        #[actix_rt::test]
-        async fn a_client_a_moment_behind_keeps_its_watch_and_every_event() {
-            let (watcher, mut rx) = live_watch(Duration::from_millis(100)).await;
-            // Two fill the client's buffer; the third and fourth wait for room.
-            for seq in 1..=4 {
-                watcher.do_send(event(seq));
-            }
-            // The client reads at once, well within the 100 ms.
-            let (rvs, ended) = read_rest(&mut rx).await;
-            assert_eq!((rvs, ended), (vec![2, 3, 4, 5], false));
-            assert!(watcher.connected(), "the watch is still open");
+    #[actix_rt::test]
+    async fn a_client_a_moment_behind_keeps_its_watch_and_every_event() {
+        let (mut body, link) = live_watch(budget(Duration::from_millis(100))).await;
+        // Two fill the client's buffer; the third and fourth wait for room.
+        for seq in 1..=4 {
+            key_sends(&link, seq);
         }
+        // The client reads at once, well within the 100 ms.
+        let (rvs, ended) = read_rest(&mut body).await;
+        assert_eq!((rvs, ended), (vec![2, 3, 4, 5], false));
+    }
 
-        #[actix_rt::test]
-        async fn a_client_that_does_not_read_within_the_budget_is_closed() {
-            let (watcher, mut rx) = live_watch(Duration::from_millis(100)).await;
-            for seq in 1..=3 {
-                watcher.do_send(event(seq));
-            }
-            tokio::time::sleep(Duration::from_millis(400)).await;
-            let (rvs, ended) = read_rest(&mut rx).await;
-            assert_eq!((rvs, ended), (vec![2, 3], true));
+    #[actix_rt::test]
+    async fn a_client_that_does_not_read_within_the_budget_is_closed() {
+        let (mut body, link) = live_watch(budget(Duration::from_millis(100))).await;
+        for seq in 1..=3 {
+            key_sends(&link, seq);
         }
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let (rvs, ended) = read_rest(&mut body).await;
+        assert_eq!((rvs, ended), (vec![2, 3], true));
+    }
 
-        #[actix_rt::test]
-        async fn with_the_budget_spent_a_full_buffer_closes_the_watch_at_once() {
-            let (watcher, mut rx) = live_watch(Duration::ZERO).await;
-            for seq in 1..=3 {
-                watcher.do_send(event(seq));
-            }
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            let (rvs, ended) = read_rest(&mut rx).await;
-            assert_eq!((rvs, ended), (vec![2, 3], true));
+    #[actix_rt::test]
+    async fn with_the_budget_spent_a_full_buffer_closes_the_watch_at_once() {
+        let spent = budget(Duration::ZERO);
+        let (mut body, link) = live_watch(spent.clone()).await;
+        // What refilled meanwhile, taken: the third event finds nothing to wait with.
+        spent.take();
+        for seq in 1..=3 {
+            key_sends(&link, seq);
         }
+        let (rvs, ended) = read_rest(&mut body).await;
+        assert_eq!((rvs, ended), (vec![2, 3], true));
+        assert_eq!(link.offer(event(4)), Err(Refused::Gone));
+    }
+
+    #[actix_rt::test]
+    async fn a_dropped_body_unsubscribes_and_frees_what_waited() {
+        let (body, link) = live_watch(budget(Duration::from_secs(1))).await;
+        let ev = event(1);
+        link.offer(ev.clone()).expect("queued");
+        assert_eq!(Arc::strong_count(&ev), 2);
+        // The client went away: the HTTP/2 stream drops its body.
+        drop(body);
+        assert_eq!(Arc::strong_count(&ev), 1, "the waiting event was freed");
+        assert_eq!(link.offer(event(2)), Err(Refused::Gone));
+    }
+
+    #[actix_rt::test]
+    async fn the_key_hears_of_a_dropped_body() {
+        let (body, seen) = watch(budget(Duration::ZERO), HOURLY, Duration::from_secs(60));
+        drop(body);
+        for _ in 0..50 {
+            if seen.lock().expect("seen").unsubscribed {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the key was not told");
+    }
+
+    /// The instants (on the paused clock) of a watch's keepalive lines, until its body
+    /// ends; and whether anything else was written.
+    async fn keepalive_instants(body: Pin<Box<Watcher>>) -> Vec<tokio::time::Instant> {
+        body.map(|line| {
+            assert_eq!(line.expect("a line"), Bytes::from_static(b"\n"));
+            tokio::time::Instant::now()
+        })
+        .collect()
+        .await
+    }
+
+    #[actix_rt::test]
+    async fn keepalives_every_period_then_the_timeout_ends_the_body() {
+        tokio::time::pause();
+        let keepalive = Keepalive {
+            every: Duration::from_secs(10),
+            phase: rand::random(),
+        };
+        let (body, _seen) = watch(budget(Duration::ZERO), keepalive, Duration::from_secs(35));
+        let start = tokio::time::Instant::now();
+        let instants = keepalive_instants(body).await;
+        // The first keepalive comes at the first instant of the grid at least half a
+        // period after the watch began, then one a period.
+        assert!((3..=4).contains(&instants.len()), "{instants:?}");
+        let first = instants[0] - start;
+        assert!(first >= Duration::from_secs(5) && first <= Duration::from_secs(15));
+        assert!(instants
+            .windows(2)
+            .all(|w| w[1] - w[0] == Duration::from_secs(10)));
+        // And the body ends at the timeout.
+        let ended = tokio::time::Instant::now() - start;
+        assert!(ended >= Duration::from_secs(35) && ended < Duration::from_secs(36));
+    }
+
+    #[actix_rt::test]
+    async fn a_watch_written_to_writes_no_keepalive() {
+        tokio::time::pause();
+        let keepalive = Keepalive {
+            every: Duration::from_secs(10),
+            phase: 0.5,
+        };
+        let (mut body, seen) = watch(budget(Duration::ZERO), keepalive, Duration::from_secs(3600));
+        // Start and the live Replay.
+        let first = tokio::time::timeout(Duration::from_millis(100), body.next()).await;
+        assert!(first.is_err(), "nothing to write yet");
+        let link = seen.lock().expect("seen").link.clone().expect("subscribed");
+        // An event every 2 s for 30 s: every keepalive instant finds a recent write.
+        let mut lines = Vec::new();
+        for seq in 1..=15 {
+            link.offer(event(seq)).expect("room");
+            let line = body.next().await.expect("a line").expect("bytes");
+            lines.push(line);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        assert!(
+            lines.iter().all(|l| l.len() > 1),
+            "no keepalive among events"
+        );
+    }
+
+    #[actix_rt::test]
+    async fn watches_of_one_connection_tick_in_the_same_instants() {
+        tokio::time::pause();
+        let every = Duration::from_secs(10);
+        let phase = rand::random::<f64>();
+        let timeout = Duration::from_secs(60);
+        let shared = Keepalive { every, phase };
+        let first = actix_rt::spawn(keepalive_instants(
+            watch(budget(Duration::ZERO), shared, timeout).0,
+        ));
+        // Another watch of the same connection, opened 3.7 s later.
+        tokio::time::sleep(Duration::from_millis(3_700)).await;
+        let later = actix_rt::spawn(keepalive_instants(
+            watch(budget(Duration::ZERO), shared, timeout).0,
+        ));
+        // A watch of another connection.
+        let other = Keepalive {
+            every,
+            phase: (phase + 0.5) % 1.0,
+        };
+        let elsewhere = actix_rt::spawn(keepalive_instants(
+            watch(budget(Duration::ZERO), other, timeout).0,
+        ));
+        let (first, later, elsewhere) = (
+            first.await.expect("ticks"),
+            later.await.expect("ticks"),
+            elsewhere.await.expect("ticks"),
+        );
+        assert!(later.len() >= 5, "{later:?}");
+        assert!(
+            later.iter().all(|t| first.contains(t)),
+            "{first:?} {later:?}"
+        );
+        assert!(first.windows(2).all(|w| w[1] - w[0] == every), "{first:?}");
+        assert!(
+            elsewhere.iter().all(|t| !first.contains(t)),
+            "{elsewhere:?}"
+        );
     }
 
     #[test]
@@ -991,26 +1081,6 @@ mod tests {
         assert!(far >= now + LONGEST_TIMEOUT);
         let near = deadline_after(Duration::from_secs(5));
         assert!(near >= now + Duration::from_secs(5) && near < far);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn keepalives_every_period_then_the_timeout_then_nothing() {
-        use futures::StreamExt;
-        let (tx, _body) = body::channel(4);
-        let keepalive = Keepalive {
-            every: Duration::from_secs(10),
-            phase: rand::random(),
-        };
-        let deadline = deadline_after(Duration::from_secs(35));
-        let ticks: Vec<Tick> = ticks(tx.closed(), deadline, keepalive).collect().await;
-        let (last, keepalives) = ticks.split_last().expect("ticks");
-        assert_eq!(*last, Tick::Timeout, "{ticks:?}");
-        // The first keepalive comes somewhere within the first period.
-        assert!((3..=4).contains(&keepalives.len()), "{ticks:?}");
-        assert!(
-            keepalives.iter().all(|t| *t == Tick::Keepalive),
-            "{ticks:?}"
-        );
     }
 
     #[test]
@@ -1024,25 +1094,6 @@ mod tests {
         // A watch written to within the last half period needs none.
         assert!(!keepalive_due(Duration::from_secs(1), every));
         assert!(!keepalive_due(every / 2 - Duration::from_millis(1), every));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_dropped_body_ends_the_ticks_at_once() {
-        use futures::StreamExt;
-        let (tx, body) = body::channel(4);
-        let mut ticks = Box::pin(ticks(
-            tx.closed(),
-            deadline_after(Duration::from_secs(3600)),
-            Keepalive {
-                every: Duration::ZERO,
-                phase: 0.0,
-            },
-        ));
-        drop(body);
-        let started = tokio::time::Instant::now();
-        assert_eq!(ticks.next().await, Some(Tick::Gone));
-        assert_eq!(ticks.next().await, None);
-        assert!(started.elapsed() < Duration::from_secs(1));
     }
 
     #[test]
@@ -1077,49 +1128,5 @@ mod tests {
         let later = epoch + s(100);
         assert_eq!(first_tick(later, epoch + s(1), every, 0.0) - epoch, s(10));
         assert_eq!(first_tick(later, epoch + s(10), every, 0.0) - epoch, s(10));
-    }
-
-    /// The instants of the keepalives a watch's ticks give until `deadline`.
-    async fn keepalive_instants(keepalive: Keepalive, deadline: Instant) -> Vec<Instant> {
-        use futures::StreamExt;
-        let (tx, _body) = body::channel(4);
-        ticks(tx.closed(), deadline, keepalive)
-            .filter(|t| std::future::ready(*t == Tick::Keepalive))
-            .map(|_| tokio::time::Instant::now().into_std())
-            .collect()
-            .await
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn watches_of_one_connection_tick_in_the_same_instants() {
-        let every = Duration::from_secs(10);
-        let phase = rand::random::<f64>();
-        let deadline = deadline_after(Duration::from_secs(60));
-        let shared = Keepalive { every, phase };
-        let first = tokio::spawn(keepalive_instants(shared, deadline));
-        // Another watch of the same connection, opened 3.7 s later.
-        tokio::time::sleep(Duration::from_millis(3_700)).await;
-        let later = tokio::spawn(keepalive_instants(shared, deadline));
-        // A watch of another connection.
-        let other = Keepalive {
-            every,
-            phase: (phase + 0.5) % 1.0,
-        };
-        let elsewhere = tokio::spawn(keepalive_instants(other, deadline));
-        let (first, later, elsewhere) = (
-            first.await.expect("ticks"),
-            later.await.expect("ticks"),
-            elsewhere.await.expect("ticks"),
-        );
-        assert!(later.len() >= 5, "{later:?}");
-        assert!(
-            later.iter().all(|t| first.contains(t)),
-            "{first:?} {later:?}"
-        );
-        assert!(first.windows(2).all(|w| w[1] - w[0] == every), "{first:?}");
-        assert!(
-            elsewhere.iter().all(|t| !first.contains(t)),
-            "{elsewhere:?}"
-        );
     }
 }

@@ -29,7 +29,7 @@ use crate::feed::{
     TakeSnapshot, UpstreamFeed,
 };
 use crate::metrics as m;
-use crate::watch_feed::{KeyLink, Subscribe, ToKey, ToWatcher, WatcherLink};
+use crate::watch_feed::{KeyLink, Refused, Subscribe, ToKey, ToWatcher, WatcherLink};
 
 type Reply = oneshot::Sender<Result<Snapshot>>;
 
@@ -101,13 +101,13 @@ impl CachedObject {
                             continue;
                         };
                         // A closed one is stopping: its Unsubscribe is on the way.
-                        if let Err(SendError::Full(_)) = link.try_send(ToWatcher::Dispatch(event)) {
+                        if let Err(Refused::Full) = link.offer(event) {
                             inputs.push_back(Input::Full { id });
                         }
                     }
                     Output::Bookmark { id, rv } => {
                         if let Some(link) = self.core.link(id) {
-                            let _ = link.try_send(ToWatcher::Bookmark { rv });
+                            link.offer_bookmark(rv);
                         }
                     }
                     Output::Reply(reply, result) => {

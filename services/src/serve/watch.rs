@@ -1,5 +1,5 @@
 //! Starting a cache-served watch: admission, the key's reference, the freshness proof a
-//! streaming list needs, and the Watcher actor that writes the response body.
+//! streaming list needs, and the watcher that is the response body.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,7 +79,6 @@ pub async fn watch(
             }))
         }
     };
-    let (tx, rx) = kcache_actors::body::channel(state.cache.watcher_buffer);
     let registry = state.registry.clone();
     let mailbox = state.cache.watcher_buffer.max(16);
     // The phase of the client's connection, shared by all its watches; a connection
@@ -132,10 +131,11 @@ pub async fn watch(
     // would have guaranteed.
     let filter = Filter::new(label, cover::field_for(&key, &held.key, field));
     let asked = (held.key != key).then(|| Box::new(key));
-    // Start the watcher on this worker's arbiter. Until its first event the client sees the
-    // response head and waits, as with the API server.
+    // The watcher is the response body: it subscribes now and runs as the HTTP/2 stream
+    // polls it. Until its first event the client sees the response head and waits, as with
+    // the API server.
     let budget = state.dispatch_budgets.of(&held.key.resource);
-    actix::Actor::start(Watcher::new(WatcherSpec {
+    let watcher = Watcher::new(WatcherSpec {
         budget,
         asked,
         filter,
@@ -143,19 +143,19 @@ pub async fn watch(
         allow_bookmarks: start.allow_bookmarks,
         deadline: deadline_after(timeout),
         encoder,
-        body: tx,
+        buffer: state.cache.watcher_buffer,
         cached: held.link,
         registry,
         mailbox,
         keepalive,
         permit: Some(Box::new(permit)),
-    }));
+    });
     // Its head is given back once sent, not held for the watch's life (the HTTP/2
     // dispatcher in vendor/actix-http; tests/http_stack.rs).
     let res = HttpResponse::Ok()
         .content_type(content_type)
         .insert_header(("Cache-Control", "no-cache, private"))
-        .streaming(rx);
+        .streaming(watcher);
     Ok(Served::Response(res))
 }
 

@@ -1,10 +1,13 @@
 //! The protocol between a key and its watchers: what a watcher asks of its key
-//! ([`ToKey`]) and what a key sends each watcher ([`ToWatcher`]), one message type each
-//! way, so each side holds a `Recipient` and neither actor names the other.
+//! ([`ToKey`], to the key's actix address) and what a key sends each watcher
+//! ([`ToWatcher`], into the watcher's [`mailbox`]), one message type each way, so neither
+//! side names the other.
 //!
 //! `feed` is what flows into a key (from its source); this is what flows out of it. Keeping
 //! the protocol here, below both actors, keeps `cached_object` and `watcher` out of each
 //! other's imports, and lets a watcher move to another key (`ToWatcher::Move`).
+
+pub mod mailbox;
 
 use std::sync::Arc;
 
@@ -17,8 +20,7 @@ use crate::core::key::Key;
 use crate::core::object::Object;
 use crate::core::rv::WatchPlan;
 
-/// A watcher as its key sees it.
-pub type WatcherLink = Recipient<ToWatcher>;
+pub use self::mailbox::{Mailbox, Received, Refused, WatcherLink};
 
 /// A key as its watchers see it: one per key, made when the key starts (the registry's
 /// slot) and shared by all its watchers. Each clone of an actix address is three heap
@@ -91,8 +93,6 @@ pub struct Ready {
 /// Every message a key sends a watcher, in the order a watch sees them: one `Start`,
 /// `Expired` or `Failed`; then `Replay`s until one makes it live; then `Dispatch`es and
 /// `Bookmark`s; `Close` at any time.
-#[derive(Message)]
-#[rtype(result = "()")]
 pub enum ToWatcher {
     Start(Start),
     Replay(Replay),
