@@ -203,16 +203,14 @@ pin_project_lite::pin_project! {
 /// What a watcher keeps between polls.
 struct State {
     id: u64,
-    asked: Option<Box<Key>>,
     filter: Filter,
     allow_bookmarks: bool,
     deadline: Instant,
     encoder: Encoder,
+    /// The key it is fed by (also in its [`Held`], which ends with the watch).
     cached: KeyLink,
-    registry: Arc<Addr<Registry>>,
     /// The keepalive period (zero: none).
     every: Duration,
-    permit: Option<Box<dyn Send>>,
     mailbox: Mailbox,
     /// Initial events or a replay, written as the client reads, before the next message.
     backlog: VecDeque<Item>,
@@ -234,6 +232,30 @@ struct State {
     last_write: tokio::time::Instant,
     /// Metric handles, resolved once per resource and shared.
     metrics: Arc<Handles>,
+}
+
+/// What a watch holds until it ends, kept in its mailbox (`Mailbox::keep`) so that either
+/// side ends it: the watcher when its body ends or is dropped, or the key when it closes or
+/// refuses the watch — at once, even if the body is stuck in HTTP/2 flow control.
+/// Dropping it unsubscribes from the key and releases the reference (and the permit).
+struct Held {
+    id: u64,
+    cached: KeyLink,
+    /// The key the request asked for, when a key covering it serves it (`core::cover`);
+    /// boxed: most watches are on their own key, and a watch's size counts.
+    asked: Option<Box<Key>>,
+    registry: Arc<Addr<Registry>>,
+    _permit: Option<Box<dyn Send>>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.cached.do_send(ToKey::Unsubscribe { id: self.id });
+        self.registry.do_send(Release {
+            key: self.cached.key.clone(),
+            asked: self.asked.as_deref().unwrap_or(&self.cached.key).clone(),
+        });
+    }
 }
 
 /// A resource's watcher metric handles: a delivery must not build and look up labels, and
@@ -289,17 +311,22 @@ impl Watcher {
                 first_tick(grid_epoch(now), now, every, spec.keepalive.phase).min(spec.deadline)
             }
         };
-        let state = State {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        mailbox.keep(Box::new(Held {
+            id,
+            cached: spec.cached.clone(),
             asked: spec.asked,
+            registry: spec.registry,
+            _permit: spec.permit,
+        }));
+        let state = State {
+            id,
             filter: spec.filter,
             allow_bookmarks: spec.allow_bookmarks,
             deadline: spec.deadline,
             encoder: spec.encoder,
             cached: spec.cached,
-            registry: spec.registry,
             every,
-            permit: spec.permit,
             mailbox,
             backlog: VecDeque::new(),
             backlog_seq: 0,
@@ -384,9 +411,9 @@ impl State {
             self.closing = true;
             return None;
         }
-        timer
-            .as_mut()
-            .reset((at + self.every).min(self.deadline).into());
+        let now = tokio::time::Instant::now().into_std();
+        let next = next_tick(at, now, self.every).min(self.deadline);
+        timer.as_mut().reset(next.into());
         let due = keepalive_due(self.last_write.elapsed(), self.every);
         (due && self.encoder.keepalives()).then(|| self.emit(Bytes::from_static(b"\n")))
     }
@@ -557,17 +584,27 @@ impl State {
         Some(self.emit(line))
     }
 
-    /// Subscribes to the key in `cached`.
+    /// Subscribes to the key in `cached` (unless the watch already ended).
     fn subscribe(&self, plan: WatchPlan, moved: Option<MovedFrom>) {
+        let Some(asked) = self.held(|h| h.asked.clone()) else {
+            return;
+        };
         self.cached.do_send(ToKey::Subscribe(Subscribe {
             id: self.id,
             link: self.mailbox.link(),
             plan,
             allow_bookmarks: self.allow_bookmarks,
             deadline: Some(self.deadline),
-            asked: self.asked.clone(),
+            asked,
             moved,
         }));
+    }
+
+    /// `f` of what the watch holds, while it holds it.
+    fn held<R>(&self, f: impl FnOnce(&mut Held) -> R) -> Option<R> {
+        self.mailbox
+            .kept(|kept| kept.downcast_mut::<Held>().map(f))
+            .flatten()
     }
 
     /// Goes on from another key: the old one sent every event up to `after_rv` (all
@@ -585,18 +622,28 @@ impl State {
             self.closing = true;
             return;
         }
-        let asked = self
-            .asked
-            .take()
-            .map_or_else(|| self.cached.key.clone(), |k| *k);
-        self.registry.do_send(Moved {
-            from: self.cached.key.clone(),
-            to: m.link.key.clone(),
-            asked: asked.clone(),
+        // The reference moves with the watcher: what it holds follows it to the new key.
+        let moved = self.held(|held| {
+            let asked = held
+                .asked
+                .take()
+                .map_or_else(|| held.cached.key.clone(), |k| *k);
+            held.registry.do_send(Moved {
+                from: held.cached.key.clone(),
+                to: m.link.key.clone(),
+                asked: asked.clone(),
+            });
+            held.asked = (asked != m.link.key).then(|| Box::new(asked.clone()));
+            held.cached = m.link.clone();
+            asked
         });
+        let Some(asked) = moved else {
+            // The old key ended the watch meanwhile.
+            self.closing = true;
+            return;
+        };
         let field = std::mem::take(&mut self.filter.field);
         self.filter.field = cover::field_for(&asked, &m.link.key, field);
-        self.asked = (asked != m.link.key).then(|| Box::new(asked));
         self.cached = m.link;
         self.cursor.moved(m.after_rv);
         self.live = false;
@@ -643,7 +690,8 @@ impl State {
     }
 
     /// The watch ended (its body ends) or its body was dropped (the client went away):
-    /// the key and the registry are told once, and what it held is let go at once.
+    /// what waited and what it held are let go of at once (`Held`: the key and the
+    /// registry are told, unless the key ended the watch first and they were told then).
     fn stop(&mut self) {
         if std::mem::replace(&mut self.stopped, true) {
             return;
@@ -651,13 +699,7 @@ impl State {
         self.closing = true;
         self.mailbox.close();
         self.backlog = VecDeque::new();
-        self.permit = None;
         self.metrics.registered.decrement(1.0);
-        self.cached.do_send(ToKey::Unsubscribe { id: self.id });
-        self.registry.do_send(Release {
-            key: self.cached.key.clone(),
-            asked: self.asked.as_deref().unwrap_or(&self.cached.key).clone(),
-        });
     }
 }
 
@@ -691,6 +733,22 @@ const LONGEST_TIMEOUT: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// `Instant` cannot represent (adding it panics).
 pub fn deadline_after(timeout: Duration) -> Instant {
     Instant::now() + timeout.min(LONGEST_TIMEOUT)
+}
+
+/// The keepalive instant after the one at `at`: a period on, or, when the watcher was not
+/// polled for longer than that (its body stuck in flow control), the first instant of the
+/// grid after `now` — not one reset per missed period.
+fn next_tick(at: Instant, now: Instant, every: Duration) -> Instant {
+    let next = at + every;
+    if next > now {
+        return next;
+    }
+    let missed = (now - at).as_nanos() / every.as_nanos();
+    u32::try_from(missed + 1)
+        .ok()
+        .and_then(|n| every.checked_mul(n))
+        .and_then(|ahead| at.checked_add(ahead))
+        .unwrap_or(now + every)
 }
 
 /// The origin of every watch's keepalive grid: the first time a watch asked for it.
@@ -962,6 +1020,24 @@ mod tests {
     }
 
     #[actix_rt::test]
+    async fn a_key_that_closes_a_watch_whose_body_is_not_read_releases_it_at_once() {
+        let (mut body, seen) = watch(budget(Duration::ZERO), HOURLY, Duration::from_secs(60));
+        assert_eq!(read_rest(&mut body).await, (vec![], false));
+        let link = seen.lock().expect("seen").link.clone().expect("subscribed");
+        // The client stops reading (its body is not polled); the key closes the watch.
+        link.do_send(ToWatcher::Close(CloseReason::KeyStopped));
+        for _ in 0..50 {
+            if seen.lock().expect("seen").unsubscribed {
+                // Told while the body is still there, unread.
+                assert!(!body.state.stopped);
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the watch was not let go of");
+    }
+
+    #[actix_rt::test]
     async fn the_key_hears_of_a_dropped_body() {
         let (body, seen) = watch(budget(Duration::ZERO), HOURLY, Duration::from_secs(60));
         drop(body);
@@ -1081,6 +1157,24 @@ mod tests {
         assert!(far >= now + LONGEST_TIMEOUT);
         let near = deadline_after(Duration::from_secs(5));
         assert!(near >= now + Duration::from_secs(5) && near < far);
+    }
+
+    #[test]
+    fn a_late_tick_goes_on_to_the_next_instant_of_the_grid() {
+        let at = Instant::now();
+        let every = Duration::from_secs(15);
+        let s = Duration::from_secs;
+        // (now after `at`) -> the next tick after `at`
+        let cases = [
+            (s(0), s(15)),
+            (s(14), s(15)),
+            (s(15), s(30)),
+            (s(16), s(30)),
+            (s(86_400), s(86_415)),
+        ];
+        for (now, want) in cases {
+            assert_eq!(next_tick(at, at + now, every) - at, want, "now {now:?}");
+        }
     }
 
     #[test]

@@ -11,13 +11,20 @@
 //! The queue is also the client's buffer. A body that is not polled means the client is
 //! not reading (HTTP/2 flow control), and live events queue here. Up to `buffer` of them
 //! are a client a moment behind. Beyond that a live event waits at most what the
-//! resource's dispatch budget gives it (the cacher's `dispatchTimeoutBudget`, as the old
-//! body queue's stall did): the client catching up within the wait keeps the watch and
-//! every event; one that does not is cut (the events past `buffer` dropped, the watch
-//! closed after the rest). `mailbox` more events past `buffer` cut it at once.
-//! Messages that are not events (a start, a replay, a close, a move) are always queued:
-//! the key sends few, and each matters.
+//! resource's dispatch budget gives it (the cacher's `dispatchTimeoutBudget`): the client
+//! catching up within the wait keeps the watch and every event; one that does not is
+//! *cut*: the events past `buffer` are dropped, and nothing that comes after them is ever
+//! written (an event, a bookmark or a move past a gap would let the client resume beyond
+//! events it never got). `mailbox` more events past `buffer` cut it at once. Messages that
+//! are not events (a start, a replay, a close, a move) are otherwise always queued: the
+//! key sends few, and each matters.
+//!
+//! The mailbox also keeps what the watch holds until it ends (its reference on its key,
+//! its admission permit: [`Mailbox::keep`]), and lets go of it as soon as either side ends
+//! the watch — the watcher, or the key closing or refusing it. A body stuck in HTTP/2 flow
+//! control is not polled, and must not hold its key and its client's quota meanwhile.
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
@@ -27,7 +34,7 @@ use crate::core::event::StoreEvent;
 use crate::dispatch_budget::DispatchBudget;
 use crate::metrics as m;
 
-use super::ToWatcher;
+use super::{CloseReason, ToWatcher};
 
 /// A wait shorter than this is none: the budget refills continuously (50 µs a
 /// millisecond), and a client cannot catch up in what a spent budget has regained a few
@@ -53,14 +60,21 @@ pub enum Received {
     Cut,
 }
 
+/// What a watch holds until it ends (see [`Mailbox::keep`]).
+pub type Kept = Box<dyn Any + Send>;
+
 struct State {
     queue: VecDeque<ToWatcher>,
     /// Live events past `buffer` are waiting: since when, and for at most how long.
     stall: Option<(Instant, Duration)>,
     /// The watcher, waiting for a message.
     waker: Option<Waker>,
+    /// Cut: no event, bookmark or move is queued any more.
     cut: bool,
+    /// The watcher has yet to hear of a cut it noticed itself ([`Received::Cut`]).
+    cut_untold: bool,
     gone: bool,
+    kept: Option<Kept>,
 }
 
 struct Shared {
@@ -75,6 +89,16 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every critical section is a few field updates: a poisoned lock is consistent.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Cuts the watch: the events past `buffer` dropped, the wait's unused part given
+    /// back, nothing more after them.
+    fn cut(&self, st: &mut State) {
+        cut_to(&mut st.queue, self.buffer);
+        if let Some((since, wait)) = st.stall.take() {
+            self.budget.give_back(wait.saturating_sub(since.elapsed()));
+        }
+        st.cut = true;
     }
 }
 
@@ -105,7 +129,9 @@ pub fn mailbox(
             stall: None,
             waker: None,
             cut: false,
+            cut_untold: false,
             gone: false,
+            kept: None,
         }),
         buffer,
         most: buffer.saturating_add(mailbox.max(1)),
@@ -115,14 +141,37 @@ pub fn mailbox(
 }
 
 impl WatcherLink {
-    /// Queues a message that is not an event: always, unless the watcher has stopped.
+    /// Queues a message that is not an event: always, unless the watcher has stopped or
+    /// was cut (then a close is still queued, a draining one without its bookmark). One
+    /// that ends the watch (a close, a 410, a failure) lets go of what it kept at once.
     pub fn do_send(&self, msg: ToWatcher) {
         let mut st = self.0.lock();
         if st.gone {
             return;
         }
+        let msg = match msg {
+            ToWatcher::Close(CloseReason::Draining { .. }) if st.cut => {
+                ToWatcher::Close(CloseReason::TooSlow)
+            }
+            ToWatcher::Dispatch(_)
+            | ToWatcher::Bookmark { .. }
+            | ToWatcher::Move(_)
+            | ToWatcher::Start(_)
+            | ToWatcher::Replay(_)
+                if st.cut =>
+            {
+                return;
+            }
+            msg => msg,
+        };
+        let ends = matches!(
+            msg,
+            ToWatcher::Close(_) | ToWatcher::Expired { .. } | ToWatcher::Failed { .. }
+        );
         push(&mut st.queue, msg);
+        let kept = if ends { st.kept.take() } else { None };
         wake(st);
+        drop(kept);
     }
 
     /// Queues a live event, unless the client is too far behind (see the module's
@@ -132,28 +181,28 @@ impl WatcherLink {
         if st.gone {
             return Err(Refused::Gone);
         }
+        if st.cut {
+            return Err(Refused::Full);
+        }
         let queued = st.queue.len();
         if queued >= self.0.buffer {
-            let over = queued >= self.0.most;
-            match st.stall {
-                _ if over => {
-                    metrics::counter!(m::DISPATCH_WAITS, "outcome" => "closed").increment(1);
-                    return Err(self.refuse(&mut st));
-                }
+            let out_of_time = match st.stall {
+                _ if queued >= self.0.most => true,
                 None => {
                     let wait = self.0.budget.take();
                     if wait < MIN_WAIT {
                         self.0.budget.give_back(wait);
                         metrics::counter!(m::DISPATCH_WAITS, "outcome" => "no_budget").increment(1);
-                        return Err(self.refuse(&mut st));
+                        return Err(self.refuse(st));
                     }
                     st.stall = Some((Instant::now(), wait));
+                    false
                 }
-                Some((since, wait)) if since.elapsed() >= wait => {
-                    metrics::counter!(m::DISPATCH_WAITS, "outcome" => "closed").increment(1);
-                    return Err(self.refuse(&mut st));
-                }
-                Some(_) => {}
+                Some((since, wait)) => since.elapsed() >= wait,
+            };
+            if out_of_time {
+                metrics::counter!(m::DISPATCH_WAITS, "outcome" => "closed").increment(1);
+                return Err(self.refuse(st));
             }
         }
         push(&mut st.queue, ToWatcher::Dispatch(event));
@@ -165,7 +214,7 @@ impl WatcherLink {
     /// cacher's are: another comes, and a full buffer is no reason to close the watch.
     pub fn offer_bookmark(&self, rv: u64) {
         let mut st = self.0.lock();
-        if st.gone || st.queue.len() >= self.0.buffer {
+        if st.gone || st.cut || st.queue.len() >= self.0.buffer {
             return;
         }
         push(&mut st.queue, ToWatcher::Bookmark { rv });
@@ -173,10 +222,12 @@ impl WatcherLink {
     }
 
     /// The key refuses the event and closes the watch: what the client had room for is
-    /// still written, the events past it are not.
-    fn refuse(&self, st: &mut State) -> Refused {
-        cut_to(&mut st.queue, self.0.buffer);
-        st.stall = None;
+    /// still written, nothing after it; what the watch kept is let go of now.
+    fn refuse(&self, mut st: MutexGuard<'_, State>) -> Refused {
+        self.0.cut(&mut st);
+        let kept = st.kept.take();
+        drop(st);
+        drop(kept);
         Refused::Full
     }
 }
@@ -187,16 +238,14 @@ impl Mailbox {
         let mut st = self.0.lock();
         if let Some((since, wait)) = st.stall {
             if since.elapsed() >= wait {
-                // The wait ran out before the client caught up: what its buffer held when
-                // it did is still written, the events past it are not.
+                // The wait ran out before the client caught up.
                 metrics::counter!(m::DISPATCH_WAITS, "outcome" => "closed").increment(1);
-                cut_to(&mut st.queue, self.0.buffer);
-                st.stall = None;
-                st.cut = true;
+                self.0.cut(&mut st);
+                st.cut_untold = true;
             }
         }
         let Some(msg) = st.queue.pop_front() else {
-            if std::mem::take(&mut st.cut) {
+            if std::mem::take(&mut st.cut_untold) {
                 return Poll::Ready(Received::Cut);
             }
             if !st.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
@@ -206,7 +255,8 @@ impl Mailbox {
         };
         if let Some((since, wait)) = st.stall {
             if st.queue.len() <= self.0.buffer {
-                // Caught up within the wait (what waits fits in the buffer again): what it did not use goes back to the others.
+                // Caught up within the wait (what waits fits in the buffer again): what
+                // it did not use goes back to the others.
                 st.stall = None;
                 self.0
                     .budget
@@ -231,17 +281,33 @@ impl Mailbox {
         self.0.buffer.saturating_sub(self.0.lock().queue.len())
     }
 
-    /// The watcher stopped: what waits is freed, and nothing more is queued.
+    /// Keeps `kept` until the watch ends, whoever ends it (see the module's summary):
+    /// dropped then, once.
+    pub fn keep(&self, kept: Kept) {
+        let old = self.0.lock().kept.replace(kept);
+        drop(old);
+    }
+
+    /// What the watch keeps, while it is kept (`None` once either side ended the watch).
+    pub fn kept<R>(&self, f: impl FnOnce(&mut Kept) -> R) -> Option<R> {
+        self.0.lock().kept.as_mut().map(f)
+    }
+
+    /// The watcher stopped: what waits is freed, what it kept let go of, and nothing more
+    /// is queued.
     pub fn close(&self) {
         let mut st = self.0.lock();
         st.gone = true;
-        st.queue = VecDeque::new();
+        let queue = std::mem::take(&mut st.queue);
         st.waker = None;
         if let Some((since, wait)) = st.stall.take() {
             self.0
                 .budget
                 .give_back(wait.saturating_sub(since.elapsed()));
         }
+        let kept = st.kept.take();
+        drop(st);
+        drop((queue, kept));
     }
 }
 
@@ -268,13 +334,24 @@ fn wake(mut st: MutexGuard<'_, State>) {
     }
 }
 
-/// Drops the events past the first `buffer` messages; other messages stay, in order.
+/// Keeps the first `buffer` messages; after them, only what ends the watch (a close, a
+/// draining one made plain: its bookmark would claim the dropped events).
 fn cut_to(queue: &mut VecDeque<ToWatcher>, buffer: usize) {
-    let mut seen = 0;
-    queue.retain(|msg| {
-        seen += 1;
-        seen <= buffer || !matches!(msg, ToWatcher::Dispatch(_) | ToWatcher::Bookmark { .. })
-    });
+    if queue.len() <= buffer {
+        return;
+    }
+    let rest: Vec<ToWatcher> = queue.drain(buffer..).collect();
+    for msg in rest {
+        match msg {
+            ToWatcher::Close(CloseReason::Draining { .. }) => {
+                queue.push_back(ToWatcher::Close(CloseReason::TooSlow))
+            }
+            msg @ (ToWatcher::Close(_) | ToWatcher::Expired { .. } | ToWatcher::Failed { .. }) => {
+                queue.push_back(msg)
+            }
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]
@@ -315,6 +392,9 @@ mod tests {
             got.push(match r {
                 Received::Msg(ToWatcher::Dispatch(e)) => format!("e{}", e.rv),
                 Received::Msg(ToWatcher::Bookmark { rv }) => format!("b{rv}"),
+                Received::Msg(ToWatcher::Close(CloseReason::Draining { rv })) => {
+                    format!("draining {rv}")
+                }
                 Received::Msg(ToWatcher::Close(_)) => "close".to_string(),
                 Received::Msg(_) => "other".to_string(),
                 Received::Cut => "cut".to_string(),
@@ -369,6 +449,95 @@ mod tests {
         assert!(mb.0.lock().stall.is_none());
         std::thread::sleep(Duration::from_millis(150));
         assert_eq!(take_all(&mut mb), ["e3", "e4"]);
+    }
+
+    #[test]
+    fn after_a_refusal_every_event_is_refused() {
+        let (mut mb, link) = mailbox(2, 100, budget(Duration::ZERO));
+        link.offer(event(2)).expect("queued");
+        link.offer(event(3)).expect("queued");
+        assert_eq!(link.offer(event(4)), Err(Refused::Full));
+        // The key's next offer of the same input, before it closes the watch.
+        assert_eq!(link.offer(event(5)), Err(Refused::Full));
+        link.offer_bookmark(6);
+        // A draining close would write a bookmark past the dropped events: a plain one.
+        link.do_send(ToWatcher::Close(CloseReason::Draining { rv: 6 }));
+        assert_eq!(take_all(&mut mb), ["e2", "e3", "close"]);
+    }
+
+    #[test]
+    fn a_cut_the_watcher_noticed_is_for_good_too() {
+        let (mut mb, link) = mailbox(2, 100, budget(Duration::from_millis(20)));
+        for rv in 2..=4 {
+            link.offer(event(rv)).expect("queued");
+        }
+        std::thread::sleep(Duration::from_millis(40));
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        assert!(matches!(
+            mb.poll_recv(&mut cx),
+            Poll::Ready(Received::Msg(ToWatcher::Dispatch(_)))
+        ));
+        // Nothing after the dropped event, though the buffer has room again.
+        assert_eq!(link.offer(event(5)), Err(Refused::Full));
+        link.offer_bookmark(6);
+        assert_eq!(take_all(&mut mb), ["e3", "cut"]);
+    }
+
+    #[test]
+    fn a_cut_drops_a_draining_close_s_bookmark_and_keeps_a_close() {
+        let (mut mb, link) = mailbox(1, 100, budget(Duration::from_millis(20)));
+        link.offer(event(2)).expect("queued");
+        link.offer(event(3)).expect("queued");
+        link.do_send(ToWatcher::Close(CloseReason::Draining { rv: 3 }));
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(take_all(&mut mb), ["e2", "close", "cut"]);
+    }
+
+    /// Counts its drops.
+    struct Dropped(Arc<AtomicUsize>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn what_the_watch_kept_goes_once_whichever_side_ends_it() {
+        type End = fn(&WatcherLink);
+        let ends: [(&str, End); 3] = [
+            ("the key closes it", |l| {
+                l.do_send(ToWatcher::Close(CloseReason::KeyStopped))
+            }),
+            ("the key refuses an event", |l| {
+                for rv in 2..=4 {
+                    let _ = l.offer(event(rv));
+                }
+            }),
+            ("a 410", |l| {
+                l.do_send(ToWatcher::Expired {
+                    requested: 1,
+                    oldest: 2,
+                })
+            }),
+        ];
+        for (how, end) in ends {
+            let count = Arc::new(AtomicUsize::new(0));
+            let (mb, link) = mailbox(2, 100, budget(Duration::ZERO));
+            mb.keep(Box::new(Dropped(count.clone())));
+            link.offer_bookmark(1);
+            assert_eq!(count.load(Ordering::SeqCst), 0, "{how}: kept while it runs");
+            end(&link);
+            assert_eq!(count.load(Ordering::SeqCst), 1, "{how}: let go at once");
+            assert!(mb.kept(|_| ()).is_none(), "{how}");
+            drop(mb);
+            assert_eq!(count.load(Ordering::SeqCst), 1, "{how}: once");
+        }
+        // The watcher ending it.
+        let count = Arc::new(AtomicUsize::new(0));
+        let (mb, _link) = mailbox(2, 100, budget(Duration::ZERO));
+        mb.keep(Box::new(Dropped(count.clone())));
+        drop(mb);
+        assert_eq!(count.load(Ordering::SeqCst), 1);
     }
 
     #[test]
