@@ -65,8 +65,9 @@ pub type Kept = Box<dyn Any + Send>;
 
 struct State {
     queue: VecDeque<ToWatcher>,
-    /// Live events past `buffer` are waiting: since when, and for at most how long.
-    stall: Option<(Instant, Duration)>,
+    /// Live events past `buffer` are waiting: since when, and for at most how long; boxed,
+    /// as rare (an idle watch's size counts, issue 31.1).
+    stall: Option<Box<(Instant, Duration)>>,
     /// The watcher, waiting for a message.
     waker: Option<Waker>,
     /// Cut: no event, bookmark or move is queued any more.
@@ -95,7 +96,7 @@ impl Shared {
     /// back, nothing more after them.
     fn cut(&self, st: &mut State) {
         cut_to(&mut st.queue, self.buffer);
-        if let Some((since, wait)) = st.stall.take() {
+        if let Some((since, wait)) = st.stall.take().map(|s| *s) {
             self.budget.give_back(wait.saturating_sub(since.elapsed()));
         }
         st.cut = true;
@@ -186,7 +187,7 @@ impl WatcherLink {
         }
         let queued = st.queue.len();
         if queued >= self.0.buffer {
-            let out_of_time = match st.stall {
+            let out_of_time = match st.stall.as_deref() {
                 _ if queued >= self.0.most => true,
                 None => {
                     let wait = self.0.budget.take();
@@ -195,10 +196,10 @@ impl WatcherLink {
                         metrics::counter!(m::DISPATCH_WAITS, "outcome" => "no_budget").increment(1);
                         return Err(self.refuse(st));
                     }
-                    st.stall = Some((Instant::now(), wait));
+                    st.stall = Some(Box::new((Instant::now(), wait)));
                     false
                 }
-                Some((since, wait)) => since.elapsed() >= wait,
+                Some(&(since, wait)) => since.elapsed() >= wait,
             };
             if out_of_time {
                 metrics::counter!(m::DISPATCH_WAITS, "outcome" => "closed").increment(1);
@@ -236,7 +237,7 @@ impl Mailbox {
     /// The next message; `Pending` (and woken by the next) when none waits.
     pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Received> {
         let mut st = self.0.lock();
-        if let Some((since, wait)) = st.stall {
+        if let Some(&(since, wait)) = st.stall.as_deref() {
             if since.elapsed() >= wait {
                 // The wait ran out before the client caught up.
                 metrics::counter!(m::DISPATCH_WAITS, "outcome" => "closed").increment(1);
@@ -253,7 +254,7 @@ impl Mailbox {
             }
             return Poll::Pending;
         };
-        if let Some((since, wait)) = st.stall {
+        if let Some(&(since, wait)) = st.stall.as_deref() {
             if st.queue.len() <= self.0.buffer {
                 // Caught up within the wait (what waits fits in the buffer again): what
                 // it did not use goes back to the others.
@@ -300,7 +301,7 @@ impl Mailbox {
         st.gone = true;
         let queue = std::mem::take(&mut st.queue);
         st.waker = None;
-        if let Some((since, wait)) = st.stall.take() {
+        if let Some((since, wait)) = st.stall.take().map(|s| *s) {
             self.0
                 .budget
                 .give_back(wait.saturating_sub(since.elapsed()));
