@@ -400,6 +400,11 @@ impl<L, R> KeyCore<L, R> {
             Input::Ready(ready) => self.continue_watcher(now, ready, &mut out),
             Input::Unsubscribe { id } => {
                 self.watchers.remove(id);
+                // A watch that went away while it waited for the key (its sync, its
+                // freshness, a backfill) must not be started later, for nobody.
+                self.waiting
+                    .retain(|_, w| !matches!(w, Waiter::Watch(watch) if watch.id == id));
+                self.backfill.retain(|(watch, _)| watch.id != id);
             }
             Input::Full { id } => self.terminate(id, &mut out),
             Input::Refused(SourceCmd::Probe) => self.step(
@@ -1279,6 +1284,16 @@ mod tests {
                     (4, modified("a", 12)),
                 ],
                 vec!["", "w1: start [a]@10 replay [] seq 0", "", "w1: replay [11] upto 1 live", "w1: offer 12#2"],
+            ),
+            (
+                "a watch that goes away while it waits for the first list is not started",
+                vec![
+                    (0, watch(1, "w1", 0, true)),
+                    (1, Input::Unsubscribe { id: 1 }),
+                    (2, listed(&[("a", 5)], 10, false)),
+                    (3, modified("a", 11)),
+                ],
+                vec!["", "", "", ""],
             ),
             (
                 "a full buffer closes the watcher, which gets nothing more",

@@ -72,6 +72,9 @@ struct State {
     waker: Option<Waker>,
     /// Cut: no event, bookmark or move is queued any more.
     cut: bool,
+    /// The watcher noticed the cut itself (the key did not refuse an event): it counts the
+    /// watch as terminated, and the key is answered `Gone`, not told to terminate it too.
+    cut_by_watcher: bool,
     /// The watcher has yet to hear of a cut it noticed itself ([`Received::Cut`]).
     cut_untold: bool,
     gone: bool,
@@ -130,6 +133,7 @@ pub fn mailbox(
             stall: None,
             waker: None,
             cut: false,
+            cut_by_watcher: false,
             cut_untold: false,
             gone: false,
             kept: None,
@@ -183,7 +187,10 @@ impl WatcherLink {
             return Err(Refused::Gone);
         }
         if st.cut {
-            return Err(Refused::Full);
+            return Err(match st.cut_by_watcher {
+                true => Refused::Gone,
+                false => Refused::Full,
+            });
         }
         let queued = st.queue.len();
         if queued >= self.0.buffer {
@@ -237,13 +244,22 @@ impl Mailbox {
     /// The next message; `Pending` (and woken by the next) when none waits.
     pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Received> {
         let mut st = self.0.lock();
+        let mut kept = None;
         if let Some(&(since, wait)) = st.stall.as_deref() {
             if since.elapsed() >= wait {
-                // The wait ran out before the client caught up.
+                // The wait ran out before the client caught up: the watch is over, though
+                // its body may still write what the buffer held (and stall again doing so).
                 metrics::counter!(m::DISPATCH_WAITS, "outcome" => "closed").increment(1);
                 self.0.cut(&mut st);
+                st.cut_by_watcher = true;
                 st.cut_untold = true;
+                kept = st.kept.take();
             }
+        }
+        if kept.is_some() {
+            drop(st);
+            drop(kept);
+            st = self.0.lock();
         }
         let Some(msg) = st.queue.pop_front() else {
             if std::mem::take(&mut st.cut_untold) {
@@ -478,8 +494,9 @@ mod tests {
             mb.poll_recv(&mut cx),
             Poll::Ready(Received::Msg(ToWatcher::Dispatch(_)))
         ));
-        // Nothing after the dropped event, though the buffer has room again.
-        assert_eq!(link.offer(event(5)), Err(Refused::Full));
+        // Nothing after the dropped event, though the buffer has room again; the watcher
+        // ends the watch itself (and counts it), so the key is answered as by a stopped one.
+        assert_eq!(link.offer(event(5)), Err(Refused::Gone));
         link.offer_bookmark(6);
         assert_eq!(take_all(&mut mb), ["e3", "cut"]);
     }
@@ -533,6 +550,22 @@ mod tests {
             drop(mb);
             assert_eq!(count.load(Ordering::SeqCst), 1, "{how}: once");
         }
+        // The wait running out, noticed by the watcher: let go of before the rest is read.
+        let count = Arc::new(AtomicUsize::new(0));
+        let (mut mb, link) = mailbox(1, 100, budget(Duration::from_millis(20)));
+        mb.keep(Box::new(Dropped(count.clone())));
+        link.offer(event(2)).expect("queued");
+        link.offer(event(3)).expect("queued");
+        std::thread::sleep(Duration::from_millis(40));
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        assert!(mb.poll_recv(&mut cx).is_ready());
+        assert_eq!(
+            count.load(Ordering::SeqCst),
+            1,
+            "the wait ran out: let go at once"
+        );
+        drop(mb);
+        assert_eq!(count.load(Ordering::SeqCst), 1, "once");
         // The watcher ending it.
         let count = Arc::new(AtomicUsize::new(0));
         let (mb, _link) = mailbox(2, 100, budget(Duration::ZERO));

@@ -126,7 +126,6 @@ pub async fn watch(
     // The cache has work for the request again: its seat first (429 when none comes: the
     // watch was not accepted).
     seat.back().await?;
-    reference.key = None;
     // Served by a covering key, the filter tests what the own key's upstream selector
     // would have guaranteed.
     let filter = Filter::new(label, cover::field_for(&key, &held.key, field));
@@ -150,6 +149,8 @@ pub async fn watch(
         keepalive,
         permit: Some(Box::new(permit)),
     });
+    // The watcher holds the reference now (and gives it back however the watch ends).
+    reference.key = None;
     // Its head is given back once sent, not held for the watch's life (the HTTP/2
     // dispatcher in vendor/actix-http; tests/http_stack.rs).
     let res = HttpResponse::Ok()
