@@ -99,10 +99,15 @@ impl Shared {
     /// back, nothing more after them.
     fn cut(&self, st: &mut State) {
         cut_to(&mut st.queue, self.buffer);
+        self.end_stall(st);
+        st.cut = true;
+    }
+
+    /// Ends a wait for room, if one runs: what it did not use goes back to the others.
+    fn end_stall(&self, st: &mut State) {
         if let Some((since, wait)) = st.stall.take().map(|s| *s) {
             self.budget.give_back(wait.saturating_sub(since.elapsed()));
         }
-        st.cut = true;
     }
 }
 
@@ -270,16 +275,10 @@ impl Mailbox {
             }
             return Poll::Pending;
         };
-        if let Some(&(since, wait)) = st.stall.as_deref() {
-            if st.queue.len() <= self.0.buffer {
-                // Caught up within the wait (what waits fits in the buffer again): what
-                // it did not use goes back to the others.
-                st.stall = None;
-                self.0
-                    .budget
-                    .give_back(wait.saturating_sub(since.elapsed()));
-                metrics::counter!(m::DISPATCH_WAITS, "outcome" => "caught_up").increment(1);
-            }
+        if st.stall.is_some() && st.queue.len() <= self.0.buffer {
+            // Caught up within the wait (what waits fits in the buffer again).
+            self.0.end_stall(&mut st);
+            metrics::counter!(m::DISPATCH_WAITS, "outcome" => "caught_up").increment(1);
         }
         if st.queue.is_empty() {
             // A burst's slots, given back; an idle watch's queue holds none.
@@ -317,11 +316,7 @@ impl Mailbox {
         st.gone = true;
         let queue = std::mem::take(&mut st.queue);
         st.waker = None;
-        if let Some((since, wait)) = st.stall.take().map(|s| *s) {
-            self.0
-                .budget
-                .give_back(wait.saturating_sub(since.elapsed()));
-        }
+        self.0.end_stall(&mut st);
         let kept = st.kept.take();
         drop(st);
         drop((queue, kept));
